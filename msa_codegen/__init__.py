@@ -1,0 +1,16 @@
+"""msa-codegen: sparse attention patterns compiled to Triton kernels.
+
+    >>> import msa_codegen as msa
+    >>> out = msa.attention(q, k, v, "window=4096,dilation=2,sink=64")   # doctest: +SKIP
+"""
+__version__ = "0.1.0"
+
+from .spec import Pattern, PatternError, Spec, parse  # noqa: E402
+from .reference import mask, reference_attention  # noqa: E402
+from .ops import attention  # noqa: E402
+from .config import BwdConfig, FwdConfig, LaunchConfig, use_config  # noqa: E402
+
+__all__ = [
+    "attention", "parse", "mask", "reference_attention", "Pattern", "PatternError", "Spec",
+    "LaunchConfig", "FwdConfig", "BwdConfig", "use_config", "__version__",
+]

@@ -1,0 +1,131 @@
+"""Templates -> Triton source on disk -> loaded module.
+
+A plan renders one forward and one backward source. Each file is named by a hash of what
+shaped it (plan, template sources, library version), carries the SHA-256 of its body in its
+first line, and is written atomically; a file whose digest does not match (corrupt, half
+written, edited) is rendered again. Loaded modules are kept in memory per (plan, direction).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .lowering import KernelPlan
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+DIRECTIONS = ("fwd", "bwd")
+_DIGEST_PREFIX = "# msa-codegen-digest: "
+_lock = threading.Lock()
+_modules: dict[tuple[KernelPlan, str, bool], object] = {}
+
+
+def home() -> Path:
+    """``$MSA_CODEGEN_HOME``, default ``~/.cache/msa_codegen``."""
+    return Path(os.environ.get("MSA_CODEGEN_HOME") or Path.home() / ".cache" / "msa_codegen")
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def template_hash() -> str:
+    """Hash of every template source and the library version."""
+    h = hashlib.sha256(__version__.encode())
+    for path in sorted(TEMPLATE_DIR.glob("*.jinja")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def render(plan: KernelPlan, direction: str) -> str:
+    """The Triton source of one direction ('fwd' or 'bwd') of a plan."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    meta = {"template_hash": template_hash(), "version": __version__}
+    return _env().get_template(f"{direction}.py.jinja").render(plan=plan, meta=meta)
+
+
+def _file_for(plan: KernelPlan, direction: str) -> Path:
+    key = hashlib.sha256(f"{plan.key()}/{direction}/{template_hash()}".encode()).hexdigest()[:20]
+    return home() / "kernels" / f"msa_{direction}_{key}.py"
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _read_valid(path: Path) -> bool:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    first, sep, body = text.partition("\n")
+    return bool(sep) and first.startswith(_DIGEST_PREFIX) and first[len(_DIGEST_PREFIX):] == _digest(body)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def kernel_file(plan: KernelPlan, direction: str) -> Path:
+    """Path of the rendered source, rendering and writing it first when missing or damaged."""
+    path = _file_for(plan, direction)
+    if not _read_valid(path):
+        body = render(plan, direction)
+        _write_atomic(path, f"{_DIGEST_PREFIX}{_digest(body)}\n{body}")
+    return path
+
+
+def interpreting() -> bool:
+    """True when Triton's interpreter runs kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def load(plan: KernelPlan, direction: str):
+    """The loaded module of one direction of a plan (cached in memory)."""
+    key = (plan, direction, interpreting())
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            path = kernel_file(plan, direction)
+            name = f"msa_codegen_kernels.{path.stem}{'_interp' if key[2] else ''}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            _modules[key] = mod
+    return mod

@@ -1,0 +1,79 @@
+"""Lowering: one head group's Spec -> KernelPlan, the only input of the templates.
+
+Every decision about which loops (phases) a kernel runs and which predicate terms it
+evaluates is made here, in Python; the templates only print what the plan says. A plan
+holds validated integers and booleans only, so nothing from the user's string can reach
+generated code.
+
+Phases of the query-centric kernels (forward, dq), by which pairs (i, j) each one owns, so
+that no pair is counted twice:
+  G  rows i < global: every key (bidirectional only)
+  P  rows i >= global, keys j < prefix = max(sink, global): the sink/global columns
+  W  rows i >= global, keys j >= prefix of the query's dilation class: the window band
+     (dense patterns: the whole causal triangle / full rows)
+  R  random blocks, pairs no structured term already covers
+The key-centric kernel (dk, dv) runs the transposes of the same phases with the same owners.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from .spec import Spec
+
+# Windows wider than this act like unbounded ones for every length the kernels accept; the
+# clamp keeps index arithmetic (a0 + BLOCK + W) inside int32.
+MAX_SEQLEN = 1 << 30
+_WINDOW_CLAMP = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    causal: bool
+    dense: bool          # no locality term: the W phase covers the causal triangle / all keys
+    has_window: bool
+    window: int          # in positions of the dilation class (0 when no window)
+    dilation: int        # residue classes the query/key tiles are split into
+    sink: int
+    glob: int
+    prefix: int          # keys j < prefix are owned by the P phase
+    random: int
+    rblock: int
+
+    @property
+    def has_w_phase(self) -> bool:
+        return self.dense or self.has_window
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def key(self) -> str:
+        """Stable short hash of the plan (part of the rendered file name)."""
+        blob = json.dumps(self.as_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.as_dict().items())
+
+
+def lower(spec: Spec) -> KernelPlan:
+    has_window = spec.window is not None
+    window = min(spec.window, _WINDOW_CLAMP) if has_window else 0
+    glob = 0 if spec.causal else spec.global_
+    plan = KernelPlan(
+        causal=bool(spec.causal),
+        dense=bool(spec.dense),
+        has_window=has_window,
+        window=int(window),
+        dilation=int(spec.dilation) if has_window else 1,
+        sink=int(spec.sink),
+        glob=int(glob),
+        prefix=int(max(spec.sink, glob)),
+        random=int(spec.random),
+        rblock=int(spec.block) if spec.random else 1,
+    )
+    for name, value in plan.as_dict().items():
+        if type(value) not in (int, bool):
+            raise TypeError(f"plan field {name} must be int or bool, got {type(value).__name__}")
+    return plan

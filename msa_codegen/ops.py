@@ -1,0 +1,268 @@
+"""Launchers, the torch.library custom ops and the public ``attention``.
+
+Layering (one kernel family): generated ``@triton.jit`` kernels (codegen.load) -> launchers
+``_fwd`` / ``_bwd`` (grid, allocation, strides, one launch per head group) -> custom ops
+``msa_codegen::attention_fwd`` / ``attention_bwd`` with fake implementations and autograd ->
+``attention`` which validates its arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from . import codegen
+from .config import BwdConfig, FwdConfig, LaunchConfig, current_config
+from .lowering import MAX_SEQLEN, lower
+from .spec import Pattern, Spec, parse
+from .tables import random_tables
+
+LOG2E = 1.4426950408889634
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs: full-precision products (tf32 would cost ~3e-4 relative error)
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _config_to_list(cfg: LaunchConfig) -> list[int]:
+    return [*dataclasses.astuple(cfg.fwd), *dataclasses.astuple(cfg.bwd)]
+
+
+def _config_from_list(values: list[int]) -> LaunchConfig:
+    n = len(dataclasses.fields(FwdConfig))
+    return LaunchConfig(FwdConfig(*values[:n]), BwdConfig(*values[n:]))
+
+
+def _groups(pattern: str, num_heads: int):
+    return [(h0, h1, spec, lower(spec)) for h0, h1, spec in parse(pattern).head_groups(num_heads)]
+
+
+def _dummy(device) -> torch.Tensor:
+    return torch.zeros(2, dtype=torch.int32, device=device)
+
+
+def _tables(spec: Spec, n: int, device):
+    if spec.random:
+        return random_tables(spec, n, device)
+    d = _dummy(device)
+    return d, d, d
+
+
+def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig):
+    b, hq, n, d = q.shape
+    group = hq // k.shape[1]
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, n), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    c = cfg.fwd
+    for h0, h1, spec, plan in _groups(pattern, hq):
+        kern = codegen.load(plan, "fwd").msa_fwd
+        rtab, _, _ = _tables(spec, n, q.device)
+        grid = (plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_m), b * (h1 - h0))
+        kern[grid](
+            q, k, v, o, lse, rtab,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
+            h0, h1 - h0, group, n, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+            DOT_PREC=_dot_precision(q.dtype), num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+    return o, lse
+
+
+def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfig):
+    b, hq, n, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0:
+        return dq, dk.zero_(), dv.zero_()
+    c = cfg.bwd
+    bd = _block_d(d)
+    prec = _dot_precision(q.dtype)
+    delta = torch.empty_like(lse)
+    groups = _groups(pattern, hq)
+    # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
+    # then every group writes fp32 partials that are added in group order (deterministic).
+    split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)
+    if split:
+        dk_acc = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv_acc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    for h0, h1, spec, plan in groups:
+        mod = codegen.load(plan, "bwd")
+        rtab, roff, rinv = _tables(spec, n, q.device)
+        hs = h1 - h0
+        mod.msa_bwd_pre[(_cdiv(n, 64), b * hs)](
+            o, do, dlse if dlse is not None else lse, delta,
+            *o.stride(), *do.stride(), delta.stride(0), delta.stride(1),
+            h0, hs, n,
+            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None,
+        )
+        grid = (plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_m2), b * hs)
+        mod.msa_bwd_dq[grid](
+            q, k, v, do, lse, delta, dq, rtab,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
+            h0, hs, group, n, scale * LOG2E, scale,
+            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec,
+            num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+        hk0, hk1 = h0 // group, (h1 - 1) // group + 1
+        if split:
+            dk_out = torch.empty((b, hk1 - hk0, n, d), dtype=torch.float32, device=k.device)
+            dv_out = torch.empty_like(dk_out)
+            kv_off = hk0
+        else:
+            dk_out, dv_out, kv_off = dk, dv, 0
+        tiles = [(plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_n1), False)]
+        if plan.prefix:
+            tiles.append((_cdiv(min(plan.prefix, n), c.block_n1), True))
+        for n_tiles, prefix_tiles in tiles:
+            mod.msa_bwd_dkdv[(n_tiles, b * (hk1 - hk0))](
+                q, k, v, do, lse, delta, dk_out, dv_out, rtab, roff, rinv,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
+                lse.stride(0), lse.stride(1),
+                h0, hs, group, hk1 - hk0, kv_off, n, scale * LOG2E, scale,
+                HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
+                PREFIX_TILES=prefix_tiles, num_warps=c.num_warps, num_stages=c.num_stages,
+            )
+        if split:
+            dk_acc[:, hk0:hk1] += dk_out
+            dv_acc[:, hk0:hk1] += dv_out
+    if split:
+        dk.copy_(dk_acc)
+        dv.copy_(dv_acc)
+    return dq, dk, dv
+
+
+# ---- custom ops ---------------------------------------------------------------------------
+
+@torch.library.custom_op("msa_codegen::attention_fwd", mutates_args=())
+def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, scale: float,
+                     config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, pattern, scale, _config_from_list(config))
+
+
+@attention_fwd_op.register_fake
+def _(q, k, v, pattern, scale, config):
+    b, hq, n, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, hq, n), dtype=torch.float32)
+
+
+@torch.library.custom_op("msa_codegen::attention_bwd", mutates_args=())
+def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                     lse: torch.Tensor, dlse: torch.Tensor | None, pattern: str, scale: float,
+                     config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd(do, q, k, v, o, lse, dlse, pattern, scale, _config_from_list(config))
+
+
+@attention_bwd_op.register_fake
+def _(do, q, k, v, o, lse, dlse, pattern, scale, config):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, pattern, scale, config = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.pattern, ctx.scale, ctx.config = pattern, scale, config
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd("msa_codegen::attention_fwd", _backward, setup_context=_setup_context)
+
+
+# ---- public API ---------------------------------------------------------------------------
+
+def _check_inputs(q, k, v, scale):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, hq, n, d = q.shape
+    bk, hkv, nk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"batch mismatch: q has B={b}, k and v have B={bk}")
+    if nk != n:
+        raise ValueError(f"sequence length mismatch: q has N={n}, k and v have N={nk}")
+    if dk != d:
+        raise ValueError(f"head dim mismatch: q has D={d}, k and v have D={dk}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
+    if not 16 <= d <= 256:
+        raise ValueError(f"head dim must be between 16 and 256, got {d}")
+    if n > MAX_SEQLEN:
+        raise ValueError(f"sequence length must be at most {MAX_SEQLEN}, got {n}")
+    if q.device.type == "cpu":
+        if not codegen.interpreting():
+            raise ValueError(
+                "q, k and v are CPU tensors, but the kernels run on CUDA: move them to a GPU, or set "
+                "TRITON_INTERPRET=1 in the environment before msa_codegen loads its kernels to run them "
+                "in Triton's interpreter (slow; for tests)")
+        if q.dtype == torch.bfloat16:
+            raise TypeError("bfloat16 is not supported in Triton's interpreter (its bf16 tl.dot is wrong as "
+                            "of Triton 3.9); use float16 or float32 on the CPU, or a GPU")
+    elif q.device.type != "cuda":
+        raise ValueError(f"unsupported device {q.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+
+
+def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None = None,
+              return_lse: bool = False, deterministic: bool = True):
+    """Sparse attention through a pattern, with autograd.
+
+    Args:
+        q: ``(B, Hq, N, D)``, float16 / bfloat16 (float32 accepted), any strides: a ``(B, N, H, D)``
+            tensor passed as ``.transpose(1, 2)`` is read in place.
+        k, v: ``(B, Hkv, N, D)``, same dtype and device; Hq a multiple of Hkv (GQA / MQA, K and V
+            are never copied).
+        pattern: a pattern string (see ``msa_codegen.parse``) or a ``Pattern``; default dense causal.
+        scale: softmax scale, default ``D ** -0.5``.
+        return_lse: also return the natural-log log-sum-exp, float32 ``(B, Hq, N)`` (differentiable).
+        deterministic: the backward never uses atomics, so it is always deterministic; the flag
+            is accepted for API compatibility.
+
+    Returns:
+        the output ``(B, Hq, N, D)`` in q's dtype and layout (and the LSE). A query that sees no
+        key gets a zero row and LSE ``-inf``, and its gradients are zero.
+
+    Example::
+
+        out = msa_codegen.attention(q, k, v, "window=4096,dilation=2,sink=64")
+        out.sum().backward()
+    """
+    _check_inputs(q, k, v, scale)
+    pat = parse(pattern)
+    pat.head_groups(q.shape[1])   # raises ValueError when the groups do not cover every query head
+    d = q.shape[-1]
+    scale = float(d ** -0.5 if scale is None else scale)
+    cfg = current_config(q.device, d, q.dtype)
+    out, lse = attention_fwd_op(q, k, v, str(pat), scale, _config_to_list(cfg))
+    return (out, lse) if return_lse else out
