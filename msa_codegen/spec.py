@@ -18,6 +18,7 @@ validated integers and booleans.
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -192,8 +193,14 @@ class Pattern:
 
     def head_groups(self, num_heads: int) -> list[tuple[int, int, Spec]]:
         """``[(h_start, h_stop_exclusive, spec), ...]`` covering ``range(num_heads)`` exactly once."""
-        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+        # operator.index accepts int-likes (numpy ints, torch SymInt) but not floats.
+        try:
+            n = operator.index(num_heads) if not isinstance(num_heads, bool) else None
+        except TypeError:
+            n = None
+        if n is None or n < 1:
             raise ValueError(f"num_heads must be a positive integer (got {num_heads!r})")
+        num_heads = int(n)
         if not self.grouped:
             return [(0, num_heads, self.groups[0].spec)]
         covered = ",".join(g.heads for g in self.groups)

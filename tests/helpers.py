@@ -1,0 +1,78 @@
+"""Shared by the kernel tests: inputs, error metric, the check against the fp64 oracle."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+import msa_codegen as msa
+
+# relative-error floors per dtype; the bound is max(floor, 2 x PyTorch's own same-dtype error)
+FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    # a reference that is (near) zero, e.g. dq of a one-key window, is judged by absolute error
+    # per element against the unit scale of the inputs
+    denom = max(ref.norm().item(), ref.numel() ** 0.5)
+    return (a - ref).norm().item() / denom
+
+
+def make_inputs(b, hq, hkv, n, d, dtype, device, layout="bhnd", seed=None):
+    """Fresh random q, k, v (never zeros), requires_grad; `layout="bnhd"` gives transposed views."""
+    seed = random.randrange(2**31) if seed is None else seed
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def one(h):
+        if layout == "bnhd":
+            t = torch.randn(b, n, h, d, generator=g).to(device=device, dtype=dtype).transpose(1, 2)
+        else:
+            t = torch.randn(b, h, n, d, generator=g).to(device=device, dtype=dtype)
+        return t.requires_grad_()
+
+    return one(hq), one(hkv), one(hkv), seed
+
+
+def lowp_attention(q, k, v, mask, scale):
+    """PyTorch's own attention in the inputs' dtype (the baseline error of that dtype)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, 1)
+    v = v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(q.dtype)
+    return p @ v
+
+
+def check_attention(pattern, b=1, hq=2, hkv=1, n=129, d=32, dtype=torch.float32, device="cpu",
+                    layout="bhnd", scale=None):
+    q, k, v, seed = make_inputs(b, hq, hkv, n, d, dtype, device, layout)
+    out, lse = msa.attention(q, k, v, pattern, scale=scale, return_lse=True)
+    assert out.dtype == q.dtype and out.shape == q.shape and out.stride() == q.stride()
+    assert lse.dtype == torch.float32 and lse.shape == (b, hq, n)
+    ref, ref_lse = msa.reference_attention(q, k, v, pattern, scale=scale, return_lse=True)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device=device, dtype=dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+
+    floor = FLOOR[dtype]
+    base = {}
+    if dtype != torch.float32:
+        m = msa.mask(pattern, n, hq, device)[None]
+        s = d ** -0.5 if scale is None else scale
+        low = lowp_attention(q, k, v, m, s)
+        low_grads = torch.autograd.grad(low, (q, k, v), do)
+        base = {"out": rel_err(low, ref), **{f"d{x}": rel_err(g_, r_) for x, g_, r_ in zip("qkv", low_grads, ref_grads)}}
+    errs = {"out": rel_err(out, ref), **{f"d{x}": rel_err(g_, r_) for x, g_, r_ in zip("qkv", grads, ref_grads)}}
+    for name, err in errs.items():
+        bound = max(floor, 2 * base.get(name, 0.0))
+        assert err <= bound, f"{name}: rel err {err:.2e} > {bound:.2e} (pattern {pattern!r}, seed {seed}, errs {errs}, torch {base})"
+    # LSE: same -inf rows, close elsewhere
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), f"LSE -inf rows differ (seed {seed})"
+    fin = torch.isfinite(ref_lse)
+    lse_err = (lse[fin].double() - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
+    assert lse_err <= 10 * floor, f"LSE abs err {lse_err:.2e} (pattern {pattern!r}, seed {seed})"
+    return errs
