@@ -6,7 +6,6 @@ used. ``use_config`` overrides both, for tests and the tuner.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 
 import torch
@@ -41,7 +40,9 @@ class LaunchConfig:
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
 
 
-_override: contextvars.ContextVar[LaunchConfig | None] = contextvars.ContextVar("msa_launch_config", default=None)
+# A plain module global, not a ContextVar: torch.compile traces globals but breaks the graph
+# on ContextVar.get (torch 2.13).
+_override: LaunchConfig | None = None
 
 # The interpreter runs programs one after another in numpy: small blocks keep tests quick and
 # still cross block boundaries at test lengths.
@@ -68,15 +69,15 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> L
 
 
 def current_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    cfg = _override.get()
-    return cfg if cfg is not None else default_config(device, head_dim, dtype)
+    return _override if _override is not None else default_config(device, head_dim, dtype)
 
 
 @contextlib.contextmanager
 def use_config(config: LaunchConfig):
     """Run ``attention`` with this launch configuration inside the block."""
-    token = _override.set(config)
+    global _override
+    previous, _override = _override, config
     try:
         yield config
     finally:
-        _override.reset(token)
+        _override = previous

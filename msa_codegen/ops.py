@@ -92,6 +92,9 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
     bd = _block_d(d)
     prec = _dot_precision(q.dtype)
     delta = torch.empty_like(lse)
+    if dlse is not None:
+        # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
+        dlse = dlse.to(torch.float32).contiguous()
     groups = _groups(pattern, hq)
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
