@@ -118,7 +118,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
             h0, hs, group, n, scale * LOG2E, scale,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec,
-            num_warps=c.num_warps, num_stages=c.num_stages,
+            num_warps=c.num_warps2, num_stages=c.num_stages2,
         )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
         if split:
@@ -137,7 +137,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 lse.stride(0), lse.stride(1),
                 h0, hs, group, hk1 - hk0, kv_off, n, scale * LOG2E, scale,
                 HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
-                PREFIX_TILES=prefix_tiles, num_warps=c.num_warps, num_stages=c.num_stages,
+                PREFIX_TILES=prefix_tiles, num_warps=c.num_warps1, num_stages=c.num_stages1,
             )
         if split:
             dk_acc[:, hk0:hk1] += dk_out

@@ -76,3 +76,55 @@ def check_attention(pattern, b=1, hq=2, hkv=1, n=129, d=32, dtype=torch.float32,
     lse_err = (lse[fin].double() - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
     assert lse_err <= 10 * floor, f"LSE abs err {lse_err:.2e} (pattern {pattern!r}, seed {seed})"
     return errs
+
+
+def chunked_reference(q, k, v, pattern, do, scale=None, compute_dtype=torch.float64, rows=None):
+    """out, lse, dq, dk, dv of masked attention, row chunk by row chunk, touching only the key
+    columns a chunk can see: the oracle at lengths where an N x N mask does not fit.
+
+    With ``compute_dtype`` = the inputs' dtype it is PyTorch's own low-precision computation of
+    the same thing (the baseline of the "no worse than twice PyTorch's error" rule).
+    """
+    from msa_codegen.reference import spec_mask
+
+    b, hq, n, d = q.shape
+    group = hq // k.shape[1]
+    scale = d ** -0.5 if scale is None else scale
+    if rows is None:   # keep a chunk's (B, H, rows, N) score block near 1 GiB of fp64
+        rows = max(16, min(1024, 2**27 // (b * hq * n)))
+    acc = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    cq, ck, cv, cdo = (t.detach().to(compute_dtype) for t in (q, k, v, do))
+    out = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)
+    lse = torch.full((b, hq, n), float("-inf"), dtype=acc, device=q.device)
+    dq = torch.zeros_like(out)
+    dk = torch.zeros(b, hq, n, d, dtype=acc, device=q.device)   # per query head, summed per group below
+    dv = torch.zeros_like(dk)
+    groups = msa.parse(pattern).head_groups(hq)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        m = torch.empty(hq, r1 - r0, n, dtype=torch.bool, device=q.device)
+        for h0, h1, spec in groups:
+            m[h0:h1] = spec_mask(spec, n, q.device, rows=(r0, r1))
+        cols = m.any(dim=(0, 1)).nonzero().squeeze(1)
+        if cols.numel() == 0:
+            continue
+        mc = m[:, :, cols][None]
+        kc = ck[:, :, cols].repeat_interleave(group, 1)
+        vc = cv[:, :, cols].repeat_interleave(group, 1)
+        qc, doc = cq[:, :, r0:r1], cdo[:, :, r0:r1]
+        s = (qc @ kc.transpose(-1, -2)).to(acc) * scale
+        s = s.masked_fill(~mc, float("-inf"))
+        l_ = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(torch.isfinite(l_), l_, 0)[..., None]).masked_fill(~mc, 0)
+        o = (p.to(compute_dtype) @ vc).to(acc)
+        out[:, :, r0:r1] = o
+        lse[:, :, r0:r1] = l_
+        dp = (doc @ vc.transpose(-1, -2)).to(acc)
+        delta = (o.to(compute_dtype).to(acc) * doc.to(acc)).sum(-1, keepdim=True)
+        ds = p * (dp - delta)
+        dq[:, :, r0:r1] = (ds.to(compute_dtype) @ kc).to(acc) * scale
+        dk[:, :, cols] += (ds.transpose(-1, -2).to(compute_dtype) @ qc).to(acc) * scale
+        dv[:, :, cols] += (p.transpose(-1, -2).to(compute_dtype) @ doc).to(acc)
+    dk = dk.view(b, hq // group, group, n, d).sum(2)
+    dv = dv.view(b, hq // group, group, n, d).sum(2)
+    return out, lse, dq, dk, dv

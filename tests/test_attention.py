@@ -84,8 +84,8 @@ def test_custom_scale(device):
 
 
 @pytest.mark.parametrize("cfg", [
-    LaunchConfig(FwdConfig(16, 32, 4, 1), BwdConfig(16, 32, 32, 16, 4, 1)),
-    LaunchConfig(FwdConfig(64, 16, 4, 1), BwdConfig(64, 16, 16, 64, 4, 1)),
+    LaunchConfig(FwdConfig(16, 32, 4, 1), BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)),
+    LaunchConfig(FwdConfig(64, 16, 4, 1), BwdConfig(64, 16, 4, 1, 16, 64, 4, 1)),
 ], ids=["bm16-bn32", "bm64-bn16"])
 @pytest.mark.parametrize("pattern", ["window=21,dilation=2,sink=5", "causal=false,global=9,window=7,random=2,block=16"])
 def test_block_shapes(pattern, cfg, device):

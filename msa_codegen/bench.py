@@ -1,0 +1,303 @@
+"""msa-bench: our kernels against FlexAttention and SDPA's flash backend, side by side.
+
+    python -m msa_codegen.bench                 # every case of the table in BENCHMARKS.md
+    python -m msa_codegen.bench --cases w4096,w4096-d2 --reps 50
+
+For each case the inputs are built once; our output is checked against the peer's before
+anything is timed; forward and forward+backward are timed with triton.testing.do_bench
+(median, L2 flushed between repetitions); peak memory is read around one forward+backward.
+One row per case and implementation is printed and appended to benchmarks/results.csv with
+the GPU, versions, date and command. A peer that is missing or fails is reported as such.
+
+FLOPs: each attended (query, key) pair costs two dot products of length D in the forward
+(QK^T and PV), 2 FLOP per multiply-add: 4 * D per pair per head. The backward recomputes
+QK^T and computes dV, dP, dQ, dK: 2.5x the forward, the convention of FlashAttention's
+benchmarks. Effective TFLOP/s = those FLOPs / time, so skipped work does not count.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .spec import Spec, parse
+
+CSV_FIELDS = ["date", "gpu", "torch", "triton", "msa_codegen", "case", "pattern", "impl", "B", "Hq", "Hkv", "N", "D",
+              "dtype", "fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "peak_gib", "setup_s",
+              "ratio_fwd", "ratio_fwdbwd", "max_rel_err", "status", "command"]
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    pattern: str
+    hq: int = 16
+    hkv: int = 16
+    n: int = 131072
+    d: int = 128
+    peer: str = "flex"     # "flex" or "sdpa"
+
+
+CASES = [
+    Case("w4096", "window=4096"),
+    Case("w4096-d2", "window=4096,dilation=2"),
+    Case("w4096-d4", "window=4096,dilation=4"),
+    Case("w4096-s64", "window=4096,sink=64"),
+    Case("bidir-w512", "causal=false,window=512", n=65536),
+    Case("gqa-w4096", "window=4096", hq=32, hkv=8),
+    Case("d64-w4096", "window=4096", hq=32, hkv=32, d=64),
+    Case("dense-causal", "causal", n=16384, peer="sdpa"),
+    Case("w4096-1M", "window=4096", n=1 << 20),
+]
+
+
+def attended_pairs(spec: Spec, n: int) -> int:
+    """Number of visible (query, key) pairs of one head, in O(N) (window/sink/dense terms)."""
+    i = torch.arange(n, dtype=torch.float64)
+    if spec.dense:
+        return n * (n + 1) // 2 if spec.causal else n * n
+    if spec.global_ or spec.random:
+        raise ValueError("attended_pairs: global and random terms are not counted in closed form")
+    total = torch.zeros(n, dtype=torch.float64)
+    if spec.window is not None:
+        w, d = spec.window, spec.dilation
+        total += torch.clamp(torch.floor(i / d) + 1, max=w)
+        if not spec.causal:
+            total += torch.clamp(torch.floor((n - 1 - i) / d) + 1, max=w) - 1
+    if spec.sink:
+        s = spec.sink
+        visible_sink = torch.clamp(i + 1, max=s) if spec.causal else torch.full_like(i, min(s, n))
+        if spec.window is not None:
+            # sink keys already inside the window: j = i - t*d < s with 0 <= t < w (and j >= 0)
+            w, d = spec.window, spec.dilation
+            t_min = torch.clamp(torch.floor((i - s) / d) + 1, min=0)
+            t_max = torch.clamp(torch.floor(i / d), max=w - 1)
+            overlap = torch.clamp(t_max - t_min + 1, min=0)
+            if not spec.causal:
+                # keys right of the query inside the sink: j = i + t*d < s, 1 <= t < w
+                t_hi = torch.clamp(torch.ceil((s - i) / d) - 1, max=w - 1)
+                overlap += torch.clamp(t_hi, min=0)
+            visible_sink = visible_sink - overlap
+        total += visible_sink
+    return int(total.sum().item())
+
+
+def _flops(case: Case) -> float:
+    specs = [spec for _, _, spec in parse(case.pattern).head_groups(case.hq)]
+    pairs = sum(attended_pairs(s, case.n) * (h1 - h0) for (h0, h1, s) in parse(case.pattern).head_groups(case.hq))
+    del specs
+    return 4.0 * case.d * pairs
+
+
+def _mask_mod(spec: Spec):
+    w = spec.window
+    d = spec.dilation
+    s = spec.sink
+    causal = spec.causal
+    dense = spec.dense
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        delta = q_idx - kv_idx
+        ok = delta >= 0 if causal else delta == delta
+        if dense:
+            return ok
+        local = delta != delta
+        if w is not None:
+            ad = delta.abs()
+            local = local | ((ad % d == 0) & (ad // d < w))
+        if s:
+            local = local | (kv_idx < s)
+        return ok & local
+
+    return mask_mod
+
+
+def _time(fn, reps_ms: int) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=max(25, reps_ms // 4), rep=reps_ms, return_mode="median"))
+
+
+def _peak(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def _rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
+    from . import attention
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    k = torch.randn(1, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    v = torch.randn(1, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    do = torch.randn(1, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g)
+    flops_fwd = _flops(case)
+    rows = []
+
+    def ours_fwd():
+        return attention(q, k, v, case.pattern)
+
+    t0 = time.perf_counter()
+    out = ours_fwd()
+    torch.cuda.synchronize()
+    setup = time.perf_counter() - t0
+
+    def fwdbwd(f):
+        def run():
+            o = f()
+            o.backward(do)
+        return run
+
+    peers = {}
+    if case.peer == "sdpa":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+
+        def sdpa():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=case.hq != case.hkv)
+        peers["sdpa-flash"] = (sdpa, 0.0)
+    else:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            spec = parse(case.pattern).groups[0].spec
+            t0 = time.perf_counter()
+            bm = create_block_mask(_mask_mod(spec), None, None, case.n, case.n, device=dev)
+            torch.cuda.synchronize()
+            build = time.perf_counter() - t0
+            flex = torch.compile(flex_attention)
+
+            def flex_run():
+                return flex(q, k, v, block_mask=bm, enable_gqa=case.hq != case.hkv)
+            peers["flex"] = (flex_run, build)
+        except Exception as e:  # reported, never silently dropped
+            rows.append(dict(impl="flex", status=f"failed: {type(e).__name__}: {e}"[:200]))
+
+    results = {}
+    impls = [("msa_codegen", ours_fwd, setup)] + [(name, f, s) for name, (f, s) in peers.items()]
+    ref_out = None
+    for name, f, s in impls:
+        try:
+            o = f()
+            err = _rel(o, out) if name != "msa_codegen" else 0.0
+            if name != "msa_codegen":
+                ref_out = o
+                if not (err < 2e-2):
+                    raise RuntimeError(f"output differs from ours: rel err {err:.2e}")
+            fwd_ms = _time(f, reps_ms)
+            fb = fwdbwd(f)
+            fb()
+            for t in (q, k, v):
+                t.grad = None
+            fwdbwd_ms = _time(lambda: (fb(), [setattr(t, "grad", None) for t in (q, k, v)]), reps_ms)
+            peak = _peak(fb)
+            for t in (q, k, v):
+                t.grad = None
+            results[name] = (fwd_ms, fwdbwd_ms)
+            rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
+                             fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
+                             peak_gib=peak, setup_s=s, max_rel_err=err, status="ok"))
+        except Exception as e:
+            rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
+        torch.cuda.empty_cache()
+    ours = results.get("msa_codegen")
+    for row in rows:
+        row.update(case=case.name, pattern=case.pattern, B=1, Hq=case.hq, Hkv=case.hkv, N=case.n, D=case.d,
+                   dtype=str(dtype).replace("torch.", ""))
+        if ours and row["impl"] in results and row["impl"] != "msa_codegen":
+            row["ratio_fwd"] = ours[0] / results[row["impl"]][0]
+            row["ratio_fwdbwd"] = ours[1] / results[row["impl"]][1]
+    del q, k, v, do, out, ref_out
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="msa-bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): "
+                    + ",".join(c.name for c in CASES))
+    ap.add_argument("--reps-ms", type=int, default=400, help="timing budget per measurement in ms (default 400)")
+    ap.add_argument("--csv", default="benchmarks/results.csv", help="CSV to append to (default benchmarks/results.csv)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("msa-bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    wanted = None if args.cases == "all" else set(args.cases.split(","))
+    unknown = (wanted or set()) - {c.name for c in CASES}
+    if unknown:
+        print(f"msa-bench: unknown case(s) {sorted(unknown)}; known: {[c.name for c in CASES]}", file=sys.stderr)
+        return 2
+    import triton
+
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                msa_codegen=__version__, command=" ".join(shlex.quote(a) for a in sys.argv))
+    all_rows = []
+    for case in CASES:
+        if wanted and case.name not in wanted:
+            continue
+        print(f"[{case.name}] {case.pattern} H={case.hq}/{case.hkv} N={case.n} D={case.d}", flush=True)
+        rows = run_case(case, args.reps_ms)
+        for r in rows:
+            r.update(meta)
+            print("   ", _fmt(r), flush=True)
+        all_rows += rows
+    path = Path(args.csv)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            w.writeheader()
+        for r in all_rows:
+            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items() if k in CSV_FIELDS})
+    print("\n" + table(all_rows))
+    return 0
+
+
+def _fmt(r) -> str:
+    if r.get("status") != "ok":
+        return f"{r['impl']:12s} {r.get('status')}"
+    s = (f"{r['impl']:12s} fwd {r['fwd_ms']:8.3f} ms {r['fwd_tflops']:6.1f} TF/s | fwd+bwd {r['fwdbwd_ms']:8.3f} ms "
+         f"{r['fwdbwd_tflops']:6.1f} TF/s | peak {r['peak_gib']:6.2f} GiB | setup {r['setup_s']:.2f} s")
+    if "ratio_fwd" in r:
+        s += f" | ours/peer fwd {r['ratio_fwd']:.3f} fwd+bwd {r['ratio_fwdbwd']:.3f} | err {r['max_rel_err']:.1e}"
+    return s
+
+
+def table(rows) -> str:
+    out = ["| case | impl | fwd ms | fwd TF/s | fwd+bwd ms | fwd+bwd TF/s | peak GiB | ours/peer fwd | ours/peer fwd+bwd |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.get("status") != "ok":
+            out.append(f"| {r['case']} | {r['impl']} | {r.get('status')} | | | | | | |")
+            continue
+        out.append(f"| {r['case']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | {r['fwdbwd_ms']:.2f} | "
+                   f"{r['fwdbwd_tflops']:.0f} | {r['peak_gib']:.2f} | {r.get('ratio_fwd', float('nan')):.3f} | "
+                   f"{r.get('ratio_fwdbwd', float('nan')):.3f} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

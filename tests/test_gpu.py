@@ -1,0 +1,74 @@
+"""GPU tests (marker gpu): bf16 and fp16 at lengths up to 32k and the README example at 128k.
+
+The oracle is `chunked_reference` in float64 on the GPU; the bound is the larger of the dtype's
+floor and twice the error of PyTorch's own computation in the same dtype.
+"""
+import pytest
+import torch
+
+import msa_codegen as msa
+
+from helpers import FLOOR, chunked_reference, make_inputs, rel_err
+
+pytestmark = pytest.mark.gpu
+
+CASES = [
+    # pattern, N, D, dtype, Hq, Hkv
+    ("causal", 4099, 128, torch.bfloat16, 8, 2),
+    ("causal=false", 2047, 64, torch.float16, 4, 1),
+    ("window=1024,dilation=2,sink=64", 32768, 128, torch.bfloat16, 8, 2),
+    ("window=512,dilation=4", 16385, 64, torch.float16, 8, 2),
+    ("window=300,sink=64", 32767, 64, torch.bfloat16, 8, 2),
+    ("causal=false,window=512", 16384, 128, torch.bfloat16, 8, 2),
+    ("causal=false,window=200,dilation=3", 9001, 128, torch.float16, 4, 4),
+    ("causal=false,global=128,window=256,dilation=2", 8192, 128, torch.float16, 8, 2),
+    ("causal=false,global=77,sink=5", 5000, 64, torch.bfloat16, 4, 1),
+    ("window=256,random=4,block=128,seed=3", 16384, 128, torch.bfloat16, 8, 2),
+    ("causal=false,random=4,block=64", 8192, 64, torch.float16, 8, 2),
+    ("0-3:window=512;4-7:causal=false,window=1024,dilation=8", 16384, 128, torch.bfloat16, 8, 2),
+    ("0-2:window=64,sink=16;3-7:causal", 6000, 64, torch.float16, 8, 2),
+    ("window=4096,dilation=2,sink=64", 8192, 128, torch.bfloat16, 16, 4),
+    ("window=4096", 32768, 128, torch.float16, 8, 2),
+    ("window=2048,dilation=2", 32768, 80, torch.bfloat16, 4, 1),
+]
+
+
+def _check(pattern, n, d, dtype, hq, hkv, b=1):
+    q, k, v, seed = make_inputs(b, hq, hkv, n, d, dtype, "cuda")
+    out, lse = msa.attention(q, k, v, pattern, return_lse=True)
+    do = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    ref = chunked_reference(q, k, v, pattern, do)
+    low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
+    names = ("out", "dq", "dk", "dv")
+    ours = dict(zip(names, (out, dq, dk, dv)))
+    refs = dict(zip(names, (ref[0], ref[2], ref[3], ref[4])))
+    lows = dict(zip(names, (low[0], low[2], low[3], low[4])))
+    errs = {x: rel_err(ours[x], refs[x]) for x in names}
+    base = {x: rel_err(lows[x], refs[x]) for x in names}
+    for x in names:
+        bound = max(FLOOR[dtype], 2 * base[x])
+        assert errs[x] <= bound, f"{x}: {errs[x]:.2e} > {bound:.2e} ({pattern}, N={n}, seed {seed}; ours {errs}, torch {base})"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref[1]))
+    fin = torch.isfinite(ref[1])
+    assert (lse[fin].double() - ref[1][fin]).abs().max().item() < 0.05
+    return errs, base
+
+
+@pytest.mark.parametrize("pattern,n,d,dtype,hq,hkv", CASES,
+                         ids=[f"{c[0]}-N{c[1]}-D{c[2]}-{str(c[3])[6:]}-{c[4]}x{c[5]}" for c in CASES])
+def test_gpu_pattern(pattern, n, d, dtype, hq, hkv):
+    _check(pattern, n, d, dtype, hq, hkv)
+
+
+def test_gpu_bnhd_layout():
+    q, k, v, _ = make_inputs(2, 8, 2, 3000, 128, torch.bfloat16, "cuda", layout="bnhd")
+    out = msa.attention(q, k, v, "window=256,dilation=2,sink=16")
+    assert out.stride() == q.stride()
+    ref = msa.reference_attention(q, k, v, "window=256,dilation=2,sink=16")
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_readme_example():
+    """The issue's example: B=1, 16/4 heads, N=131072, D=128, bf16, window=4096,dilation=2,sink=64."""
+    _check("window=4096,dilation=2,sink=64", 131072, 128, torch.bfloat16, 16, 4)
