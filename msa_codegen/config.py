@@ -54,9 +54,8 @@ _INTERPRETER = LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32,
 def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
     """Heuristic launch parameters until a tuned one exists.
 
-    Chosen so that ptxas reports no spills for sm_90 with Triton 3.9 (registers read off the
-    cubin, benchmarks/NOTES.md); the 16-row query blocks of the dk/dv kernel keep its two fp32
-    accumulators and the K/V tile in registers at head dim 128.
+    The fastest of a hand sweep on an H200 (benchmarks/sweep.py; numbers in benchmarks/NOTES.md)
+    for head dim 128; the others are the spill-free shapes of ptxas's report for sm_90.
     """
     if device.type != "cuda":
         return _INTERPRETER
@@ -65,7 +64,7 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> L
     if head_dim <= 64:
         return LaunchConfig(FwdConfig(128, 64, 4, 3), BwdConfig(32, 128, 8, 2, 64, 64, 4, 2))
     if head_dim <= 128:
-        return LaunchConfig(FwdConfig(128, 64, 8, 3), BwdConfig(16, 128, 8, 2, 64, 64, 8, 2))
+        return LaunchConfig(FwdConfig(128, 64, 8, 3), BwdConfig(32, 64, 4, 2, 64, 64, 4, 2))
     return LaunchConfig(FwdConfig(64, 32, 4, 2), BwdConfig(16, 64, 4, 1, 32, 32, 4, 1))
 
 

@@ -1,0 +1,1 @@
+"""Command-line tools: ``msa-codegen`` (this package) and ``msa-bench`` (msa_codegen.bench)."""
