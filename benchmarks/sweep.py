@@ -16,8 +16,9 @@ from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, default_confi
 
 FWD = [FwdConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
                                (128, 64, 4, 3), (64, 128, 4, 2)]]
-DKDV = [(16, 128, 8, 2), (32, 128, 8, 2), (32, 64, 8, 2), (16, 64, 4, 2), (64, 64, 8, 1), (32, 64, 4, 2)]
-DQ = [(64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 1), (64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)]
+DKDV = [(32, 64, 4, 2), (16, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (16, 128, 4, 2), (64, 32, 4, 2),
+        (32, 64, 4, 3), (64, 128, 8, 2)]
+DQ = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2)]
 
 
 def main():
@@ -49,8 +50,31 @@ def main():
         rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
     for m1, m2 in itertools.product(DKDV[:1], DQ[1:]):
         rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
+    _profile(q, k, v, do, a)
     for r in rows:
         print(f"{r[0]:4s} {str(r[1]):90s} {r[2]:9.3f} ms  {r[3] if isinstance(r[3], str) else f'{r[3]:6.1f} TF/s'}")
+
+
+def _profile(q, k, v, do, a):
+    """CUDA time per kernel of one forward + backward with the default config."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = msa.attention(q, k, v, a.pattern)
+    torch.autograd.grad(out, (q, k, v), do)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            out = msa.attention(q, k, v, a.pattern)
+            torch.autograd.grad(out, (q, k, v), do)
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0):
+            t = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+            if t:
+                times[e.key] = times.get(e.key, 0) + t / 3 / 1000
+    for name, ms in sorted(times.items(), key=lambda x: -x[1])[:8]:
+        print(f"  kernel {name[:60]:60s} {ms:8.3f} ms per fwd+bwd")
 
 
 def _bwd(q, k, v, do, a, base, m1, m2, flops):
