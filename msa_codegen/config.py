@@ -62,7 +62,7 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> L
     if dtype == torch.float32:
         return LaunchConfig(FwdConfig(64, 32, 4, 2), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))
     if head_dim <= 64:
-        return LaunchConfig(FwdConfig(128, 64, 4, 3), BwdConfig(32, 128, 8, 2, 64, 64, 4, 2))
+        return LaunchConfig(FwdConfig(128, 64, 4, 3), BwdConfig(32, 64, 4, 3, 64, 64, 4, 2))
     if head_dim <= 128:
         return LaunchConfig(FwdConfig(128, 64, 8, 3), BwdConfig(32, 64, 4, 2, 128, 64, 8, 3))
     return LaunchConfig(FwdConfig(64, 32, 4, 2), BwdConfig(16, 64, 4, 1, 32, 32, 4, 1))
