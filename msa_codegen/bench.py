@@ -163,6 +163,8 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
     do = torch.randn(1, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g)
     flops_fwd = _flops(case)
     rows = []
+    # the bytes the memory bar is stated in: q, k, v, o, do, dq, dk, dv and the LSE
+    io_gib = ((4 * q.numel() + 4 * k.numel()) * q.element_size() + q.numel() // case.d * 4) / 2**30
 
     def ours_fwd():
         return attention(q, k, v, case.pattern)
@@ -211,15 +213,17 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
 
     results = {}
     impls = [("msa_codegen", ours_fwd, setup)] + [(name, f, s) for name, (f, s) in peers.items()]
-    ref_out = None
+    # keep every 16th query row of our output for the comparison with the peer, and free the
+    # rest, so that peak memory counts only q, k, v, do and what the measured call allocates
+    ours_sample = out[:, :, ::16].clone()
+    del out
     for name, f, s in impls:
         try:
             o = f()
-            err = _rel(o, out) if name != "msa_codegen" else 0.0
-            if name != "msa_codegen":
-                ref_out = o
-                if not (err < 2e-2):
-                    raise RuntimeError(f"output differs from ours: rel err {err:.2e}")
+            err = _rel(o[:, :, ::16], ours_sample) if name != "msa_codegen" else 0.0
+            del o
+            if name != "msa_codegen" and not (err < 2e-2):
+                raise RuntimeError(f"output differs from ours: rel err {err:.2e}")
             fwd_ms = _time(f, reps_ms)
             fb = fwdbwd(f)
             fb()
@@ -232,7 +236,8 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
             results[name] = (fwd_ms, fwdbwd_ms)
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
                              fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
-                             peak_gib=peak, setup_s=s, max_rel_err=err, status="ok"))
+                             peak_gib=peak, setup_s=s, max_rel_err=err, status="ok",
+                             note=f"peak/io {peak / io_gib:.2f}"))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
@@ -245,7 +250,7 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
         if ours and row["impl"] in results and row["impl"] != "msa_codegen":
             row["ratio_fwd"] = ours[0] / results[row["impl"]][0]
             row["ratio_fwdbwd"] = ours[1] / results[row["impl"]][1]
-    del q, k, v, do, out, ref_out
+    del q, k, v, do, ours_sample
     torch.cuda.empty_cache()
     return rows
 
@@ -334,7 +339,7 @@ def _fmt(r) -> str:
          f"{r['fwdbwd_tflops']:6.1f} TF/s | peak {r['peak_gib']:6.2f} GiB | setup {r['setup_s']:.2f} s")
     if "ratio_fwd" in r:
         s += f" | ours/peer fwd {r['ratio_fwd']:.3f} fwd+bwd {r['ratio_fwdbwd']:.3f} | err {r['max_rel_err']:.1e}"
-    return s
+    return s + f" | {r.get('note', '')}"
 
 
 def table(rows) -> str:
