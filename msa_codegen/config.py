@@ -68,8 +68,45 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> L
     return LaunchConfig(FwdConfig(64, 32, 4, 2), BwdConfig(16, 64, 4, 1, 32, 32, 4, 1))
 
 
-def current_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    return _override if _override is not None else default_config(device, head_dim, dtype)
+def as_list(cfg: LaunchConfig) -> list[int]:
+    """The flat int list the custom ops carry (fwd fields, then bwd fields)."""
+    return [*dataclasses.astuple(cfg.fwd), *dataclasses.astuple(cfg.bwd)]
+
+
+def from_list(values) -> LaunchConfig:
+    """Inverse of ``as_list``; an empty list means the heuristic default of a GPU."""
+    if not values:
+        return LaunchConfig(FwdConfig(), BwdConfig())
+    n = len(dataclasses.fields(FwdConfig))
+    return LaunchConfig(FwdConfig(*values[:n]), BwdConfig(*values[n:]))
+
+
+@torch._dynamo.assume_constant_result
+def _resolve(device: str, pattern: str, head_dim: int, dtype: str, group: int, seqlen: int) -> tuple:
+    # Called eagerly even under torch.compile (its result is a constant of the graph): the
+    # lookup reads files and must not be traced.
+    return tuple(as_list(lookup_config(torch.device(device), pattern, head_dim, getattr(torch, dtype), group, seqlen)[0]))
+
+
+def lookup_config(device: torch.device, pattern: str, head_dim: int, dtype: torch.dtype, group: int,
+                  seqlen: int) -> tuple[LaunchConfig, str]:
+    """(config, where it came from) for one call: tuned rows first (cache/), else the heuristic."""
+    return default_config(device, head_dim, dtype), "heuristic default"
+
+
+def current_config_list(device: torch.device, head_dim: int, dtype: torch.dtype, pattern: str = "causal",
+                        group: int = 1, seqlen: int = 0) -> list[int]:
+    """``as_list`` of the configuration ``attention`` uses: ``use_config``'s if set, else the
+    lookup's. Traceable by torch.compile (no dataclass introspection on this path)."""
+    if _override is not None:
+        return as_list(_override)
+    return list(_resolve(str(device), pattern, head_dim, str(dtype).replace("torch.", ""), group, seqlen))
+
+
+def current_config(device: torch.device, head_dim: int, dtype: torch.dtype, pattern: str = "causal",
+                   group: int = 1, seqlen: int = 0) -> LaunchConfig:
+    """The launch configuration ``attention`` uses (see ``current_config_list``)."""
+    return from_list(current_config_list(device, head_dim, dtype, pattern, group, seqlen))
 
 
 @contextlib.contextmanager

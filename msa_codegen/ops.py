@@ -7,13 +7,12 @@ Layering (one kernel family): generated ``@triton.jit`` kernels (codegen.load) -
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 from . import codegen
-from .config import BwdConfig, FwdConfig, LaunchConfig, current_config
+from .config import LaunchConfig, current_config_list, from_list
 from .lowering import MAX_SEQLEN, lower
 from .spec import Pattern, Spec, parse
 from .tables import random_tables
@@ -33,15 +32,6 @@ def _block_d(head_dim: int) -> int:
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs: full-precision products (tf32 would cost ~3e-4 relative error)
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _config_to_list(cfg: LaunchConfig) -> list[int]:
-    return [*dataclasses.astuple(cfg.fwd), *dataclasses.astuple(cfg.bwd)]
-
-
-def _config_from_list(values: list[int]) -> LaunchConfig:
-    n = len(dataclasses.fields(FwdConfig))
-    return LaunchConfig(FwdConfig(*values[:n]), BwdConfig(*values[n:]))
 
 
 def _groups(pattern: str, num_heads: int):
@@ -153,7 +143,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
 @torch.library.custom_op("msa_codegen::attention_fwd", mutates_args=())
 def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, scale: float,
                      config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, pattern, scale, _config_from_list(config))
+    return _fwd(q, k, v, pattern, scale, from_list(config))
 
 
 @attention_fwd_op.register_fake
@@ -166,7 +156,7 @@ def _(q, k, v, pattern, scale, config):
 def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                      lse: torch.Tensor, dlse: torch.Tensor | None, pattern: str, scale: float,
                      config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd(do, q, k, v, o, lse, dlse, pattern, scale, _config_from_list(config))
+    return _bwd(do, q, k, v, o, lse, dlse, pattern, scale, from_list(config))
 
 
 @attention_bwd_op.register_fake
@@ -266,6 +256,6 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     pat.head_groups(q.shape[1])   # raises ValueError when the groups do not cover every query head
     d = q.shape[-1]
     scale = float(d ** -0.5 if scale is None else scale)
-    cfg = current_config(q.device, d, q.dtype)
-    out, lse = attention_fwd_op(q, k, v, str(pat), scale, _config_to_list(cfg))
+    cfg = current_config_list(q.device, d, q.dtype, str(pat), q.shape[1] // k.shape[1], q.shape[2])
+    out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg)
     return (out, lse) if return_lse else out
