@@ -56,7 +56,7 @@ def test_lengths(pattern, n, device):
     check_attention(pattern, n=n, d=32, device=device)
 
 
-@pytest.mark.parametrize("d", [16, 32, 64, 80])
+@pytest.mark.parametrize("d", [16, 32, 64, 80, 200, 256])
 def test_head_dims(d, device):
     check_attention("window=30,dilation=2,sink=5", n=150, d=d, device=device)
 
