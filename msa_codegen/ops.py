@@ -38,6 +38,21 @@ def _groups(pattern: str, num_heads: int):
     return [(h0, h1, spec, lower(spec)) for h0, h1, spec in parse(pattern).head_groups(num_heads)]
 
 
+PREFIX_CHUNK_ROWS = 8192
+
+
+def _prefix_chunk(n: int, prefix: int, row_elems: int, block_m: int) -> int:
+    """Query rows per program of the prefix-key tiles of the dk/dv kernel.
+
+    Short enough that those programs are no longer than the window tiles' (PREFIX_CHUNK_ROWS),
+    long enough that the fp32 partial sums (chunks x prefix x B*H_kv*D x 8 bytes) stay under
+    256 MiB.
+    """
+    most_chunks = max(1, (256 << 20) // (prefix * row_elems * 8))
+    chunk = max(PREFIX_CHUNK_ROWS, _cdiv(n, most_chunks))
+    return _cdiv(chunk, block_m) * block_m
+
+
 def _dummy(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
@@ -117,18 +132,30 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             kv_off = hk0
         else:
             dk_out, dv_out, kv_off = dk, dv, 0
-        tiles = [(plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_n1), False)]
+        hks = hk1 - hk0
+        common = (q, k, v, do, lse, delta)
+        consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
+                      num_warps=c.num_warps1, num_stages=c.num_stages1)
+        n_tiles = plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_n1)
+        mod.msa_bwd_dkdv[(n_tiles, b * hks)](
+            *common, dk_out, dv_out, rtab, roff, rinv,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
+            lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
+            PREFIX_TILES=False, **consts)
         if plan.prefix:
-            tiles.append((_cdiv(min(plan.prefix, n), c.block_n1), True))
-        for n_tiles, prefix_tiles in tiles:
-            mod.msa_bwd_dkdv[(n_tiles, b * (hk1 - hk0))](
-                q, k, v, do, lse, delta, dk_out, dv_out, rtab, roff, rinv,
-                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
-                lse.stride(0), lse.stride(1),
-                h0, hs, group, hk1 - hk0, kv_off, n, scale * LOG2E, scale,
-                HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
-                PREFIX_TILES=prefix_tiles, num_warps=c.num_warps1, num_stages=c.num_stages1,
-            )
+            p = min(plan.prefix, n)
+            chunk = _prefix_chunk(n, p, b * hks * d, c.block_m1)
+            n_chunks = _cdiv(n, chunk)
+            part_k = torch.empty((n_chunks, b, hks, p, d), dtype=torch.float32, device=q.device)
+            part_v = torch.empty_like(part_k)
+            mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * hks)](
+                *common, part_k, part_v, rtab, roff, rinv,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
+                lse.stride(0), lse.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
+                PREFIX_TILES=True, **consts)
+            # fixed summation order over the chunks: deterministic
+            dk_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_k.sum(0).to(dk_out.dtype)
+            dv_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_v.sum(0).to(dv_out.dtype)
         if split:
             dk_acc[:, hk0:hk1] += dk_out
             dv_acc[:, hk0:hk1] += dv_out

@@ -114,3 +114,14 @@ def test_backward_is_deterministic(device):
         runs.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
     for a, b_ in zip(*runs):
         assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("pattern", ["window=20,dilation=2,sink=37", "causal=false,global=7,sink=40,window=5",
+                                     "sink=9,random=2,block=32", "0-0:sink=70;1-1:window=9,sink=3"])
+def test_prefix_keys_split_over_query_chunks(pattern, device, monkeypatch):
+    """The sink/global key tiles split their query rows over several programs (partial sums)."""
+    import msa_codegen.ops as ops
+
+    monkeypatch.setattr(ops, "PREFIX_CHUNK_ROWS", 64)
+    assert ops._prefix_chunk(300, 40, 64, 32) == 64
+    check_attention(pattern, hq=2, hkv=1, n=300, device=device)
