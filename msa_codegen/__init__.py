@@ -9,8 +9,9 @@ from .spec import Pattern, PatternError, Spec, parse  # noqa: E402
 from .reference import mask, reference_attention  # noqa: E402
 from .ops import attention  # noqa: E402
 from .config import BwdConfig, FwdConfig, LaunchConfig, use_config  # noqa: E402
+from .cache import explain  # noqa: E402
 
 __all__ = [
     "attention", "parse", "mask", "reference_attention", "Pattern", "PatternError", "Spec",
-    "LaunchConfig", "FwdConfig", "BwdConfig", "use_config", "__version__",
+    "LaunchConfig", "FwdConfig", "BwdConfig", "use_config", "explain", "__version__",
 ]

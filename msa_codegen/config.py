@@ -91,8 +91,16 @@ def _resolve(device: str, pattern: str, head_dim: int, dtype: str, group: int, s
 
 def lookup_config(device: torch.device, pattern: str, head_dim: int, dtype: torch.dtype, group: int,
                   seqlen: int) -> tuple[LaunchConfig, str]:
-    """(config, where it came from) for one call: tuned rows first (cache/), else the heuristic."""
-    return default_config(device, head_dim, dtype), "heuristic default"
+    """(config, where it came from) for one call: tuned rows first (cache/), else the heuristic.
+
+    Order per direction: user database, shipped database, same compute capability on another
+    GPU, nearest length bucket, heuristic default (``msa_codegen.cache.lookup``). Cached in
+    memory: after the first call of a shape no database is read again until a file changes.
+    """
+    from .cache.lookup import resolve_for_device
+
+    res = resolve_for_device(device, pattern, head_dim, dtype, group, seqlen if seqlen and seqlen > 0 else 1)
+    return res.config, res.source
 
 
 def current_config_list(device: torch.device, head_dim: int, dtype: torch.dtype, pattern: str = "causal",

@@ -3,6 +3,9 @@
     msa-codegen demo                       # the README example (reduced, in the interpreter, without a GPU)
     msa-codegen render --pattern window=4096,dilation=2 --direction fwd
     msa-codegen mask --pattern window=3,dilation=2,sink=1 --seqlen 12
+    msa-codegen show --pattern window=64,dilation=2,sink=8 --seqlen 1024 --png mask.png
+    msa-codegen which --pattern window=4096,dilation=2 --seqlen 131072 --head-dim 128 --dtype bf16
+    msa-codegen db list|export|import|clear [--db PATH]
 """
 from __future__ import annotations
 
@@ -78,6 +81,217 @@ def cmd_mask(args) -> int:
     return 0
 
 
+SHOW_MAX_SEQLEN = 8192
+
+
+def _one_line_error(parser):
+    def error(message):   # argparse errors: one line, no usage block
+        print(f"{parser.prog}: error: {message} (see {parser.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+    return error
+
+
+def cmd_show(args) -> int:
+    import msa_codegen as msa
+
+    pat = msa.parse(args.pattern)
+    if not 1 <= args.seqlen <= SHOW_MAX_SEQLEN:
+        raise ValueError(f"--seqlen must be between 1 and {SHOW_MAX_SEQLEN} to draw the mask, got {args.seqlen}")
+    for name in ("block_m", "block_n"):
+        v = getattr(args, name)
+        if v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    heads = args.heads if args.heads is not None else (pat.groups[-1].last + 1 if pat.grouped else 1)
+    groups = pat.head_groups(heads)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import ListedColormap
+    except ImportError:
+        return _fail("msa-codegen show needs matplotlib: pip install msa-codegen[plot]")
+    import torch
+
+    from msa_codegen.reference import spec_mask
+
+    n = args.seqlen
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 5.2 * len(groups)), squeeze=False)
+    for row, (h0, h1, spec) in enumerate(groups):
+        m = spec_mask(spec, n)
+        heads_txt = f"heads {h0}-{h1 - 1}: " if pat.grouped else ""
+        ax = axes[row][0]
+        ax.imshow(m.numpy(), cmap=ListedColormap(["white", "tab:blue"]), interpolation="nearest", vmin=0, vmax=1)
+        ax.set_title(f"{heads_txt}{spec}\nelement mask, N={n}: {m.float().mean().item():.2%} visible", fontsize=10)
+        ax.set_xlabel("key j")
+        ax.set_ylabel("query i")
+        # the kernels' view: queries and keys of one dilation class are a contiguous tile
+        d = spec.dilation if spec.window is not None else 1
+        perm = torch.cat([torch.arange(r, n, d) for r in range(min(d, n))])
+        pm = m[perm][:, perm]
+        bm, bn = args.block_m, args.block_n
+        tq, tk = -(-n // bm), -(-n // bn)
+        pad = torch.zeros(tq * bm, tk * bn, dtype=torch.bool)
+        valid = torch.zeros_like(pad)
+        pad[:n, :n] = pm
+        valid[:n, :n] = True
+        seen = pad.view(tq, bm, tk, bn).sum((1, 3))
+        size = valid.view(tq, bm, tk, bn).sum((1, 3))
+        state = torch.where(seen == 0, 0, torch.where(seen == size, 2, 1))   # skipped, partial, full
+        ax = axes[row][1]
+        ax.imshow(state.numpy(), cmap=ListedColormap(["white", "tab:orange", "tab:green"]), vmin=0, vmax=2,
+                  interpolation="nearest", aspect="auto")
+        computed = (state > 0).float().mean().item()
+        ax.set_title(f"block schedule {bm}x{bn}{f', grouped by residue mod {d}' if d > 1 else ''}\n"
+                     f"full (green) {(state == 2).sum().item()}, partial (orange) {(state == 1).sum().item()}, "
+                     f"skipped {(state == 0).sum().item()}: {computed:.1%} computed", fontsize=10)
+        ax.set_xlabel(f"key block ({bn})")
+        ax.set_ylabel(f"query tile ({bm})")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+    plt.close(fig)
+    print(f"wrote {args.png}")
+    return 0
+
+
+def cmd_which(args) -> int:
+    from msa_codegen import gpu as _gpu
+    from msa_codegen import parse
+    from msa_codegen.cache import dtype_name, resolve
+
+    pat = parse(args.pattern)
+    if args.seqlen < 1:
+        raise ValueError(f"--seqlen must be >= 1, got {args.seqlen}")
+    if not 16 <= args.head_dim <= 256:
+        raise ValueError(f"--head-dim must be between 16 and 256, got {args.head_dim}")
+    heads = args.heads if args.heads is not None else args.kv_heads
+    kv = args.kv_heads if args.kv_heads is not None else heads
+    group = 1
+    if heads is not None:
+        if heads < 1 or kv < 1 or heads % kv:
+            raise ValueError(f"--heads must be a positive multiple of --kv-heads, got {heads} and {kv}")
+        pat.head_groups(heads)
+        group = heads // kv
+    if args.gpu.strip().lower() == "auto":
+        present = _gpu.current_gpu()
+        name, cap = present if present else (_gpu.INTERPRETER, _gpu.INTERPRETER_CAPABILITY)
+    else:
+        name = _gpu.normalize(args.gpu)
+        present = _gpu.current_gpu()
+        if present and present[0] == name:
+            cap = present[1]
+        else:
+            cap = _gpu.capability_of(name)
+            if cap is None:
+                raise ValueError(f"--gpu {args.gpu}: unknown GPU name (known: {', '.join(_gpu.KNOWN_GPUS)}; or auto)")
+    res = resolve(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
+    print(res)
+    return 0
+
+
+def _open_db(path, mode="rw"):
+    from msa_codegen.cache.db import open_db
+
+    return open_db(path, mode=mode)
+
+
+def cmd_db_list(args) -> int:
+    from msa_codegen.cache import shipped_db_path, user_db_path
+    from msa_codegen.cache.keys import template_hash, triton_version
+
+    path = shipped_db_path() if args.shipped else user_db_path(args.db)
+    label = "shipped db" if args.shipped else "user db"
+    if not path.exists():
+        print(f"{label} {path}: no such file (0 rows)")
+        return 0
+    with _open_db(path, "ro" if args.shipped else "rw") as db:
+        rows = db.rows()
+    print(f"{label} {path}: {len(rows)} rows (running: triton {triton_version()}, templates {template_hash()})")
+    if not rows:
+        return 0
+    table = [("gpu", "cap", "pattern", "dir", "dtype", "D", "g", "bucket", "config", "ms", "TF/s", "trials",
+              "date", "")]
+    for r in rows:
+        stale = r["triton_version"] != triton_version() or r["template_hash"] != template_hash()
+        table.append((r["gpu"], r["capability"], r["pattern"], r["direction"], r["dtype"], str(r["head_dim"]),
+                      str(r["gqa_group"]), str(r["bucket"]), ",".join(str(v) for v in r["config"].values()),
+                      f"{r['median_ms']:.4g}", f"{r['tflops']:.3g}" if r["tflops"] is not None else "-",
+                      str(r["trials"]), str(r["created_at"])[:10],
+                      f"stale (triton {r['triton_version']}, templates {r['template_hash']})" if stale else ""))
+    widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+    return 0
+
+
+def cmd_db_export(args) -> int:
+    import json
+
+    from msa_codegen.cache import user_db_path
+
+    path = user_db_path(args.db)
+    if not path.exists():
+        raise FileNotFoundError(2, "no tuning database", str(path))
+    with _open_db(path) as db:
+        doc = db.export()
+    text = json.dumps(doc, indent=1, sort_keys=False) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"exported {len(doc['rows'])} rows of {path} to {args.out}")
+    return 0
+
+
+def cmd_db_import(args) -> int:
+    import json
+
+    from msa_codegen.cache import user_db_path
+
+    if args.file == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.file) as f:   # FileNotFoundError: one line
+            text = f.read()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{args.file}: not JSON ({e})") from None
+    path = user_db_path(args.db)
+    with _open_db(path, "rwc") as db:
+        n = db.import_(doc)
+    print(f"imported {n} rows into {path}")
+    return 0
+
+
+def cmd_db_clear(args) -> int:
+    from msa_codegen.cache import user_db_path
+    from msa_codegen.cache.keys import template_hash, triton_version
+
+    path = user_db_path(args.db)
+    if not path.exists():
+        print(f"user db {path}: no such file (nothing to clear)")
+        return 0
+    import sqlalchemy
+
+    current = f"|triton-{triton_version()}|{template_hash()}"
+    with _open_db(path) as db:
+        n = db.clear(only_stale_for=(triton_version(), template_hash()) if args.stale else None)
+        has_studies = "studies" in sqlalchemy.inspect(db.engine).get_table_names()
+    studies = 0
+    if has_studies:   # the tuner's Optuna studies live in the same file
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        url = f"sqlite:///{path}"
+        for name in optuna.get_all_study_names(storage=url):
+            if name.startswith("msa|") and not (args.stale and name.endswith(current)):
+                optuna.delete_study(study_name=name, storage=url)
+                studies += 1
+    print(f"cleared {n} rows{f' and {studies} tuner studies' if studies else ''} from {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="msa-codegen", description="sparse attention patterns compiled to Triton")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -94,15 +308,77 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seqlen", type=int, default=16, help="default: %(default)s")
     p.add_argument("--heads", type=int, default=1, help="default: %(default)s")
     p.set_defaults(fn=cmd_mask)
+
+    p = sub.add_parser("show", help="draw the element mask and the block schedule to a PNG (needs matplotlib)")
+    p.add_argument("--pattern", required=True)
+    p.add_argument("--seqlen", type=int, required=True, help=f"at most {SHOW_MAX_SEQLEN}")
+    p.add_argument("--png", required=True, help="the image file to write")
+    p.add_argument("--heads", type=int, default=None,
+                   help="query heads (grouped patterns: default the last head named)")
+    p.add_argument("--block-m", type=int, default=128, help="query tile of the block view (default: %(default)s)")
+    p.add_argument("--block-n", type=int, default=64, help="key block of the block view (default: %(default)s)")
+    p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("which", help="which launch configuration runs for a shape, and where it comes from")
+    p.add_argument("--pattern", required=True)
+    p.add_argument("--seqlen", type=int, required=True)
+    p.add_argument("--head-dim", type=int, required=True)
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), required=True)
+    p.add_argument("--heads", type=int, default=None, help="query heads (default: GQA group 1)")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    p.add_argument("--gpu", default="auto", help="a GPU name (h100, h200, ...) or auto: the GPU present, else "
+                   "Triton's interpreter (default: auto)")
+    p.add_argument("--db", default=None, help="the user database (default: $MSA_CODEGEN_HOME/tuning.db)")
+    p.set_defaults(fn=cmd_which)
+
+    p = sub.add_parser("db", help="the tuning database: list, export, import, clear")
+    dbsub = p.add_subparsers(dest="db_cmd", required=True)
+    q = dbsub.add_parser("list", help="print the rows (user database; --shipped: the shipped one)")
+    q.add_argument("--db", default=None, help="default: $MSA_CODEGEN_HOME/tuning.db")
+    q.add_argument("--shipped", action="store_true", help="list the shipped database instead")
+    q.set_defaults(fn=cmd_db_list)
+    q = dbsub.add_parser("export", help="write the rows as JSON (stdout, or --out FILE)")
+    q.add_argument("--db", default=None, help="default: $MSA_CODEGEN_HOME/tuning.db")
+    q.add_argument("--out", default="-", help="file to write (default: stdout)")
+    q.set_defaults(fn=cmd_db_export)
+    q = dbsub.add_parser("import", help="add the rows of a JSON export (rows of the same key are replaced)")
+    q.add_argument("file", help="a JSON file written by `msa-codegen db export` (- for stdin)")
+    q.add_argument("--db", default=None, help="default: $MSA_CODEGEN_HOME/tuning.db")
+    q.set_defaults(fn=cmd_db_import)
+    q = dbsub.add_parser("clear", help="delete the rows (and the tuner's Optuna studies)")
+    q.add_argument("--db", default=None, help="default: $MSA_CODEGEN_HOME/tuning.db")
+    q.add_argument("--stale", action="store_true", help="only the rows of other Triton versions or templates")
+    q.set_defaults(fn=cmd_db_clear)
+    for sp in (ap, *sub.choices.values(), *dbsub.choices.values()):
+        sp.error = _one_line_error(sp)
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cmd == "demo":
+        # without CUDA the interpreter must be chosen before triton is imported, and importing
+        # msa_codegen already imports it (through torch._dynamo): the demo reruns itself with
+        # TRITON_INTERPRET=1 when needed
+        from .tune import relaunch_in_interpreter
+
+        code = relaunch_in_interpreter("msa_codegen.cli.main", argv)
+        if code is not None:
+            return code
     try:
         return args.fn(args)
     except ValueError as e:   # PatternError and argument errors: one line, no traceback
         return _fail(str(e))
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+    except Exception as e:   # database and file errors: one line (MSA_CODEGEN_DEBUG=1 shows the traceback)
+        if os.environ.get("MSA_CODEGEN_DEBUG"):
+            raise
+        from .tune import error_line
+
+        code, msg = error_line(e)
+        print(f"msa-codegen: error: {msg}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,307 @@
+"""Which launch configuration runs, and where it came from.
+
+Order, per direction (forward and backward are separate rows):
+
+1. the user database (``--db``, else ``$MSA_CODEGEN_HOME/tuning.db``), this GPU, this bucket;
+2. the shipped database (``msa_codegen/data/tuning.db``, read-only), this GPU, this bucket;
+3. another GPU of the same compute capability, this bucket (user database first);
+4. the nearest bucket: this GPU, else the same capability (ties: the larger bucket, user
+   database first);
+5. the heuristic default (``config.default_config``).
+
+Only rows of the running Triton version and template hash are considered: a row tuned for
+other kernels never runs. A database that cannot be read (damaged, locked, foreign, newer
+schema) is reported once per path as a ``RuntimeWarning`` and skipped. Results are cached in
+memory, keyed by the question and the files' modification stamps: after the first call of
+a shape, a training step costs a dictionary lookup and two ``stat`` calls, no query.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from .. import config as _config
+from ..config import BwdConfig, FwdConfig, LaunchConfig
+from .. import gpu as _gpu
+from .keys import bucket as _bucket
+from .keys import canonical_pattern, dtype_name, template_hash, triton_version
+
+SHIPPED_DB = Path(__file__).resolve().parent.parent / "data" / "tuning.db"
+HEURISTIC = "heuristic default"
+OVERRIDE = "use_config override"
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def user_db_path(explicit: str | os.PathLike | None = None) -> Path:
+    """The user database: the explicit path, else ``$MSA_CODEGEN_HOME/tuning.db``."""
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    from ..codegen import home
+
+    return (home() / "tuning.db").absolute()
+
+
+def shipped_db_path() -> Path:
+    """The shipped database (``MSA_CODEGEN_SHIPPED_DB`` overrides it, for tests and builds)."""
+    override = os.environ.get("MSA_CODEGEN_SHIPPED_DB")
+    return Path(override).expanduser().absolute() if override else SHIPPED_DB
+
+
+def config_from_row(direction: str, values) -> FwdConfig | BwdConfig:
+    """The FwdConfig / BwdConfig of a stored ``config`` dict (TypeError / ValueError if invalid)."""
+    if not isinstance(values, dict):
+        raise TypeError(f"config must be an object, got {type(values).__name__}")
+    cls = FwdConfig if direction == "fwd" else BwdConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if set(values) != fields:
+        raise ValueError(f"expected the fields {sorted(fields)}, got {sorted(values)}")
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if name.startswith("block_") and v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if name.startswith("block_") and v < 16:
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+    return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The configuration of one direction and where it came from."""
+
+    config: FwdConfig | BwdConfig
+    source: str
+    row: dict | None = dataclasses.field(default=None, compare=False)   # the stored row, when from a database
+
+
+def _fmt_config(cfg) -> str:
+    return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What ``attention`` will run for one problem: per direction, the config and its source."""
+
+    gpu: str
+    capability: str
+    pattern: str
+    dtype: str
+    head_dim: int
+    gqa_group: int
+    seqlen: int
+    bucket: int
+    fwd: Choice
+    bwd: Choice
+
+    @functools.cached_property
+    def config(self) -> LaunchConfig:
+        return LaunchConfig(self.fwd.config, self.bwd.config)
+
+    @functools.cached_property
+    def source(self) -> str:
+        if self.fwd.source == self.bwd.source:
+            return self.fwd.source
+        return f"fwd: {self.fwd.source}; bwd: {self.bwd.source}"
+
+    def __str__(self) -> str:
+        lines = [
+            f"pattern {self.pattern!r}, {self.dtype}, head dim {self.head_dim}, GQA group {self.gqa_group}, "
+            f"seqlen {self.seqlen} (bucket {self.bucket}) on {self.gpu} (capability {self.capability})",
+            f"  fwd: {_fmt_config(self.fwd.config)}",
+            f"       from {self.fwd.source}",
+            f"  bwd: {_fmt_config(self.bwd.config)}",
+            f"       from {self.bwd.source}",
+        ]
+        for name, ch in (("fwd", self.fwd), ("bwd", self.bwd)):
+            r = ch.row
+            if r:
+                tf = f", {r['tflops']:.3g} TFLOP/s" if r.get("tflops") else ""
+                lines.append(f"  {name} row: {r['median_ms']:.4g} ms median (spread {r['spread_ms']:.2g} ms){tf}, "
+                             f"{r['trials']} trials, measured {str(r['created_at'])[:10]} on "
+                             f"B={r['batch']} H={r['heads']}/{r['kv_heads']} N={r['seqlen']}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        out = {f: getattr(self, f) for f in ("gpu", "capability", "pattern", "dtype", "head_dim", "gqa_group",
+                                            "seqlen", "bucket")}
+        for name in ("fwd", "bwd"):
+            ch = getattr(self, name)
+            out[name] = {"config": dataclasses.asdict(ch.config), "source": ch.source}
+        return out
+
+
+# ---- reading the databases -------------------------------------------------------------------
+
+def _stamp(path: Path) -> tuple | None:
+    """What changes when a database file is written: the file's and its WAL's mtime and size."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    try:
+        wal = os.stat(f"{path}-wal")
+        w = (wal.st_mtime_ns, wal.st_size)
+    except OSError:
+        w = None
+    return (st.st_mtime_ns, st.st_size, w)
+
+
+def _describe_failure(exc: BaseException) -> str:
+    from .db import SchemaError
+
+    if isinstance(exc, SchemaError):
+        return str(exc)
+    msg = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = msg.lower()
+    if "locked" in low or "busy" in low:
+        return f"locked by another process ({msg})"
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return f"damaged: not a readable SQLite database ({msg})"
+    return f"unreadable ({type(exc).__name__}: {msg})"
+
+
+def _warn_once(path: Path, exc: BaseException) -> None:
+    key = str(path)
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(f"msa_codegen: tuning database {path} is {_describe_failure(exc)}; it is bypassed and the next "
+                  f"source is used (user db -> shipped db -> same capability -> nearest bucket -> heuristic)",
+                  RuntimeWarning, stacklevel=4)
+
+
+def _read_rows(path: Path, mode: str, query: dict) -> list[dict] | None:
+    """Candidate rows of one database; None when the file is missing or unusable (reported once)."""
+    if not path.exists():
+        return None
+    try:
+        from .db import TuningDB, read_timeout_s
+
+        db = TuningDB(path, mode=mode, timeout=read_timeout_s(), write=False)
+        try:
+            return db.candidates(**query)
+        finally:
+            db.close()
+    except Exception as exc:   # damaged, locked, foreign: reported, never fatal to training
+        _warn_once(path, exc)
+        return None
+
+
+def _log_distance(a: int, b: int) -> float:
+    return abs(math.log2(a) - math.log2(b))
+
+
+def _choose(direction: str, gpu: str, capability: str, want_bucket: int, dbs: list[tuple[str, Path, list[dict]]],
+            default) -> Choice:
+    usable = []   # (db order, label, path, row, config)
+    for order, (label, path, rows) in enumerate(dbs):
+        for row in rows:
+            if row["direction"] != direction:
+                continue
+            try:
+                cfg = config_from_row(direction, row["config"])
+            except (TypeError, ValueError):
+                continue   # a hand-edited or damaged row never runs
+            usable.append((order, label, path, row, cfg))
+
+    def pick(rows, note):
+        order, label, path, row, cfg = rows[0]
+        return Choice(cfg, f"{label} db {path} ({note(row)})", row)
+
+    # 1-2: exact, user then shipped
+    exact = [u for u in usable if u[3]["gpu"] == gpu and u[3]["bucket"] == want_bucket]
+    if exact:
+        return pick(sorted(exact, key=lambda u: u[0]), lambda r: f"{gpu}, bucket {want_bucket}")
+    # 3: same capability, another GPU, this bucket
+    other = sorted((u for u in usable if u[3]["gpu"] != gpu and u[3]["bucket"] == want_bucket),
+                   key=lambda u: (u[0], u[3]["gpu"]))
+    if other:
+        return pick(other, lambda r: f"measured on {r['gpu']}, same capability {capability}, bucket {want_bucket}")
+    # 4: nearest bucket, this GPU first, then the same capability
+    for same_gpu in (True, False):
+        near = [u for u in usable if (u[3]["gpu"] == gpu) == same_gpu]
+        if near:
+            near.sort(key=lambda u: (_log_distance(u[3]["bucket"], want_bucket), -u[3]["bucket"], u[0], u[3]["gpu"]))
+            return pick(near, lambda r: f"nearest bucket {r['bucket']} for {want_bucket}, measured on {r['gpu']}"
+                        + ("" if same_gpu else f", same capability {capability}"))
+    return Choice(default, HEURISTIC)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: str, head_dim: int, group: int,
+                    seqlen: int, user: Path, user_stamp, shipped: Path, shipped_stamp, tv: str, th: str) -> Resolution:
+    del user_stamp, shipped_stamp   # only part of the cache key
+    canon = canonical_pattern(pattern)
+    b = _bucket(seqlen)
+    default = _config.default_config(torch.device("cuda" if cuda else "cpu"), head_dim, getattr(torch, dtype))
+    query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
+                 triton_version=tv, template_hash=th)
+    dbs = []
+    for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
+        rows = _read_rows(path, mode, query)
+        if rows:
+            dbs.append((label, path, rows))
+    return Resolution(gpu, capability, canon, dtype, head_dim, group, seqlen, b,
+                      _choose("fwd", gpu, capability, b, dbs, default.fwd),
+                      _choose("bwd", gpu, capability, b, dbs, default.bwd))
+
+
+def resolve(gpu: str, capability: str, pattern, head_dim: int, dtype, group: int, seqlen: int, *,
+            cuda: bool | None = None, db: str | os.PathLike | None = None) -> Resolution:
+    """The configuration per direction for a problem on a named GPU, and where it came from.
+
+    ``cuda`` selects the heuristic family (default: any GPU but ``cpu-interpreter``); ``db``
+    is the user database (default ``$MSA_CODEGEN_HOME/tuning.db``).
+    """
+    if cuda is None:
+        cuda = gpu != _gpu.INTERPRETER
+    user, shipped = user_db_path(db), shipped_db_path()
+    return _resolve_cached(str(gpu), str(capability), bool(cuda), str(pattern), dtype_name(dtype), int(head_dim),
+                           int(group), int(seqlen), user, _stamp(user), shipped, _stamp(shipped),
+                           triton_version(), template_hash())
+
+
+def resolve_for_device(device, pattern, head_dim: int, dtype, group: int, seqlen: int) -> Resolution:
+    device = torch.device(device)
+    name, cap = _gpu.gpu_of(device)
+    return resolve(name, cap, pattern, head_dim, dtype, group, seqlen, cuda=device.type == "cuda")
+
+
+def clear_cache(*, warnings_too: bool = False) -> None:
+    """Forget cached lookups (and, with ``warnings_too``, which databases were reported)."""
+    _resolve_cached.cache_clear()
+    if warnings_too:
+        with _warn_lock:
+            _warned.clear()
+
+
+def explain(q, k, v, pattern="causal") -> Resolution:
+    """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
+
+    Returns a ``Resolution``: ``.fwd`` / ``.bwd`` hold ``.config`` and ``.source`` (``"user db
+    PATH (h200, bucket 131072)"``, ``"heuristic default"``, ...); ``str()`` prints it. Inside
+    ``use_config(...)`` the forced configuration is reported. Example::
+
+        >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-dim tensor (B, H, N, D), got {getattr(t, 'shape', type(t))}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
+    res = resolve_for_device(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
+    forced = _config._override
+    if forced is not None:
+        res = dataclasses.replace(res, fwd=Choice(forced.fwd, OVERRIDE), bwd=Choice(forced.bwd, OVERRIDE))
+    return res

@@ -1,0 +1,262 @@
+"""msa-tune: tune the launch parameters of a pattern on this GPU and store the winners.
+
+    msa-tune --pattern window=4096,dilation=2
+    msa-tune --gpu auto --pattern "window=4096,sink=64" --seqlen 131072 --heads 32 --kv-heads 8 \\
+             --head-dim 128 --dtype bf16 --direction both --trials 60 --db ~/tuning.db
+
+Each --seqlen maps to a power-of-two bucket (at least 1024) and is timed at a representative
+shape of that bucket (batch 65536 // N, at least 1). Without a GPU the same path runs in
+Triton's interpreter on a reduced problem; its timings mean nothing (said so), but the rows
+are stored (GPU "cpu-interpreter") and the exit code is 0.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+GPU_SEQLENS = (8192, 32768, 131072, 524288)
+CPU_SEQLENS = (4096,)
+GPU_TRIALS = 40
+CPU_TRIALS = 3
+INTERP_MAX_SEQLEN = 64         # the reduced problem of the interpreter
+TOKENS_PER_BATCH = 65536       # representative shape: batch = max(1, TOKENS_PER_BATCH // N)
+PROG = "msa-tune"
+
+
+class UsageError(Exception):
+    """A bad argument: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line, no usage block
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _seqlens(values: list[str]) -> list[int]:
+    out = []
+    for v in values:
+        for part in str(v).replace(",", " ").split():
+            try:
+                n = int(part.replace("_", ""))
+            except ValueError:
+                raise UsageError(f"--seqlen: expected integers, got {part!r}") from None
+            if n < 1:
+                raise UsageError(f"--seqlen: lengths must be >= 1, got {n}")
+            out.append(n)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=PROG, description="tune msa-codegen launch parameters for a pattern on this GPU",
+                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--gpu", default="auto", help="the target GPU (h100, h200, b200, a100, ...) or auto (the GPU "
+                    "present); a target other than the GPU present is refused (default: auto)")
+    ap.add_argument("--pattern", required=True, help="the sparsity pattern, e.g. window=4096,dilation=2")
+    ap.add_argument("--seqlen", nargs="+", default=None, metavar="N",
+                    help=f"sequence lengths, each tuned for its power-of-two bucket (default: "
+                         f"{' '.join(map(str, GPU_SEQLENS))} on a GPU, {' '.join(map(str, CPU_SEQLENS))} "
+                         f"in the interpreter)")
+    ap.add_argument("--heads", type=int, default=16, help="query heads (default: %(default)s)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads, no GQA)")
+    ap.add_argument("--head-dim", type=int, default=128, help="head dim (default: %(default)s)")
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+                    help="default: bf16 on a GPU, fp16 in the interpreter")
+    ap.add_argument("--direction", choices=("fwd", "bwd", "both"), default="both", help="default: %(default)s")
+    ap.add_argument("--trials", type=int, default=None,
+                    help=f"measured trials per bucket and direction (default: {GPU_TRIALS} on a GPU, "
+                         f"{CPU_TRIALS} in the interpreter)")
+    ap.add_argument("--db", default=None, help="the tuning database (default: $MSA_CODEGEN_HOME/tuning.db)")
+    return ap
+
+
+def _target(requested: str) -> tuple[str, str, bool]:
+    """(gpu name, capability, cuda) to tune for; UsageError when it is not the GPU present."""
+    import torch
+
+    from .. import gpu as _gpu
+
+    present = _gpu.current_gpu() if torch.cuda.is_available() else None
+    name, cap = present if present else (_gpu.INTERPRETER, _gpu.INTERPRETER_CAPABILITY)
+    if requested.strip().lower() == "auto":
+        return name, cap, present is not None
+    want = _gpu.normalize(requested)
+    if want == name:
+        return name, cap, present is not None
+    if not _gpu.is_known(want):
+        raise UsageError(f"--gpu {requested}: unknown GPU name (known: {', '.join(_gpu.KNOWN_GPUS)}; or auto)")
+    if present is None:
+        raise UsageError(f"--gpu {want}: this machine has no CUDA GPU (only Triton's CPU interpreter, "
+                         f"'{_gpu.INTERPRETER}'); tuning measures, so it runs on the target GPU: use --gpu auto, "
+                         f"or run msa-tune on that GPU")
+    raise UsageError(f"--gpu {want}: the GPU present is {name} ({_gpu.device_name()}, capability {cap}); tuning "
+                     f"measures, so it runs on the target GPU only: use --gpu auto or --gpu {name}, or run "
+                     f"msa-tune on that GPU")
+
+
+def relaunch_in_interpreter(module: str, argv) -> int | None:
+    """Without CUDA the kernels run in Triton's interpreter, which must be chosen before triton
+    is imported (``import msa_codegen`` already imports it, through torch._dynamo): run the
+    command again in a child process with ``TRITON_INTERPRET=1``. Returns its exit code, or
+    None when no relaunch is needed (a GPU, or the interpreter already set)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+        return None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return subprocess.call([sys.executable, "-m", module, *argv], env=dict(os.environ, TRITON_INTERPRET="1"))
+
+
+def run(args) -> int:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("no CUDA GPU and TRITON_INTERPRET is not set (msa-tune sets it itself when run as "
+                           "a command)")
+
+    from .. import parse
+    from ..cache import TuningKey, bucket, user_db_path
+    from ..cache.db import open_db
+    from ..lowering import MAX_SEQLEN
+
+    name, cap, _ = _target(args.gpu)
+    pat = parse(args.pattern)                      # PatternError: one line
+    pattern = str(pat)
+    heads = args.heads
+    kv_heads = args.kv_heads if args.kv_heads is not None else heads
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise UsageError(f"--heads must be a positive multiple of --kv-heads, got {heads} and {kv_heads}")
+    pat.head_groups(heads)                         # the head groups must cover --heads
+    if not 16 <= args.head_dim <= 256:
+        raise UsageError(f"--head-dim must be between 16 and 256, got {args.head_dim}")
+    seqlens = _seqlens(args.seqlen) if args.seqlen else list(GPU_SEQLENS if cuda else CPU_SEQLENS)
+    for n in seqlens:
+        if n > MAX_SEQLEN:
+            raise UsageError(f"--seqlen: at most {MAX_SEQLEN}, got {n}")
+    trials = args.trials if args.trials is not None else (GPU_TRIALS if cuda else CPU_TRIALS)
+    if trials < 1:
+        raise UsageError(f"--trials must be >= 1, got {trials}")
+    dtype_flag = args.dtype or ("bf16" if cuda else "fp16")
+    if not cuda and dtype_flag == "bf16":
+        print("note: Triton's interpreter has no correct bf16 dot (Triton 3.9); tuning fp16 instead "
+              "(rows are stored as float16)")
+        dtype_flag = "fp16"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_flag]
+    directions = ("fwd", "bwd") if args.direction == "both" else (args.direction,)
+    db_path = user_db_path(args.db)
+    open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
+
+    from ..tuner import Problem, tune
+
+    if not cuda:
+        print(f"no CUDA GPU: tuning in Triton's interpreter on the CPU, reduced problem (N <= {INTERP_MAX_SEQLEN}, "
+              f"{trials} trials). These timings are NOT meaningful for any GPU; they exercise the whole path. "
+              f"Rows are stored under GPU '{name}'.")
+    print(f"tuning {pattern!r} on {name} (capability {cap}), {dtype_flag}, head dim {args.head_dim}, "
+          f"heads {heads}/{kv_heads}, {', '.join(directions)}; database {db_path}")
+
+    seen, results, missing = set(), [], []
+    for n in seqlens:
+        b = bucket(n)
+        if b in seen:
+            continue
+        seen.add(b)
+        if cuda:
+            problem = Problem(pattern, max(1, TOKENS_PER_BATCH // n), heads, kv_heads, n, args.head_dim, dtype,
+                              "cuda", n)
+        else:
+            hq, hkv = (heads, kv_heads) if pat.grouped else (heads // kv_heads, 1)
+            problem = Problem(pattern, 1, hq, hkv, min(n, INTERP_MAX_SEQLEN), args.head_dim, dtype, "cpu", n)
+        for direction in directions:
+            key = TuningKey.current(name, cap, pattern, direction, dtype, args.head_dim, heads // kv_heads, n)
+            print(f"[bucket {b}, {direction}] timing {problem.describe()}", flush=True)
+            res = tune(problem, direction, key, db_path, trials=trials)
+            if res is None:
+                missing.append(f"bucket {b} {direction}")
+                print(f"  no valid configuration measured for bucket {b} {direction} (every candidate failed)",
+                      file=sys.stderr)
+                continue
+            for f in res.failures[:5]:
+                print(f"  pruned: {f}")
+            results.append(res)
+    print()
+    print(table(results))
+    if not cuda:
+        print("\n(Triton interpreter: the times above are NOT meaningful for any GPU.)")
+    print(f"\nstored in {db_path}; `msa-codegen which --pattern {pattern!r} --seqlen N ...` shows what runs")
+    if missing:
+        print(f"{PROG}: error: nothing valid measured for {', '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fmt_cfg(cfg: dict) -> str:
+    short = {"block_": "", "num_warps": "w", "num_stages": "s"}
+    parts = []
+    for k, v in cfg.items():
+        for a, b in short.items():
+            k = k.replace(a, b)
+        parts.append(f"{k}={v}")
+    return " ".join(parts)
+
+
+def table(results) -> str:
+    rows = [("bucket", "dir", "config", "median ms", "spread ms", "TFLOP/s", "default ms", "speedup", "trials", "")]
+    for r in results:
+        rows.append((str(r.key.bucket), r.key.direction, _fmt_cfg(r.config), f"{r.median_ms:.4g}",
+                     f"{r.spread_ms:.2g}", f"{r.tflops:.3g}" if r.tflops is not None else "-",
+                     f"{r.default_ms:.4g}" if r.default_ms is not None else "-",
+                     f"{r.speedup:.2f}x" if r.speedup is not None else "-", str(r.trials),
+                     "" if r.stored else "(kept faster stored row)"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    code = relaunch_in_interpreter("msa_codegen.cli.tune", argv)
+    if code is not None:
+        return code
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (finished rows are stored)", file=sys.stderr)
+        return 130
+    except Exception as e:   # one line, no traceback (MSA_CODEGEN_DEBUG=1 shows it)
+        if os.environ.get("MSA_CODEGEN_DEBUG"):
+            raise
+        code, msg = error_line(e)
+        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        return code
+
+
+def error_line(e: BaseException) -> tuple[int, str]:
+    """(exit code, one-line message) of an error that ends a command."""
+    from ..cache.db import DatabaseUnusable, SchemaError
+    from ..cache.lookup import _describe_failure
+
+    if isinstance(e, DatabaseUnusable):
+        return 1, " ".join(str(e).split())
+    if getattr(e, "orig", None) is not None or type(e).__module__.startswith(("sqlalchemy", "sqlite3")):
+        return 1, "tuning database: " + " ".join(_describe_failure(e).split())
+    msg = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, FileNotFoundError) and e.filename:
+        return 2, f"no such file: {e.filename}"
+    if isinstance(e, (ValueError, SchemaError, FileNotFoundError, PermissionError, IsADirectoryError)):
+        return 2, msg
+    return 1, f"{type(e).__name__}: {msg}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
