@@ -85,3 +85,17 @@ def reference_attention(q, k, v, pattern: str | Pattern = "causal", scale: float
     if return_lse:
         return out, lse
     return out
+
+
+def relative_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref||, in float64; inf if ``a`` has a non-finite value.
+
+    A reference that is (near) zero, e.g. dq of a one-key window, is judged by its absolute
+    error per element against the unit scale of the inputs (the denominator never drops below
+    sqrt(numel)). Used by the tests and by the tuner's correctness gate.
+    """
+    a, ref = a.double(), ref.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    denom = max(ref.norm().item(), ref.numel() ** 0.5)
+    return (a - ref).norm().item() / denom

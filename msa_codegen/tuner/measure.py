@@ -20,6 +20,7 @@ import torch
 from ..cache.keys import bucket as _bucket
 from ..cache.keys import dtype_name
 from ..config import LaunchConfig, use_config
+from ..reference import relative_error as _rel_err
 from ..spec import parse
 
 # relative error (norm-wise) above which a candidate's result is wrong: a few times the
@@ -82,12 +83,6 @@ class Problem:
         return fwd if direction == "fwd" else 2.5 * fwd
 
 
-def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    a, ref = a.double(), ref.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    denom = max(ref.norm().item(), ref.numel() ** 0.5)
-    return (a - ref).norm().item() / denom
 
 
 def _lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
