@@ -55,6 +55,25 @@ def template_hash() -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=1024)
+def kernel_hash(pattern: str) -> str:
+    """Hash of the generated kernel sources of a pattern (every head group, both directions).
+
+    The key of tuning rows: a row stays valid while the kernels it was measured on are the
+    same text, whatever else changes in the templates (the first line, which names the
+    template hash and library version, is left out).
+    """
+    from .lowering import lower
+    from .spec import parse
+
+    h = hashlib.sha256(b"msa-codegen kernels v1")
+    for g in parse(pattern).groups:
+        plan = lower(g.spec)
+        for direction in DIRECTIONS:
+            h.update(render(plan, direction).partition("\n")[2].encode())
+    return h.hexdigest()[:16]
+
+
 def render(plan: KernelPlan, direction: str) -> str:
     """The Triton source of one direction ('fwd' or 'bwd') of a plan."""
     if direction not in DIRECTIONS:

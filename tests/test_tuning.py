@@ -44,7 +44,7 @@ def tmp_home(tmp_path, monkeypatch):
 def row(gpu="h200", capability="9.0", direction="fwd", bucket_=131072, config=None, **kw):
     base = dict(gpu=gpu, capability=capability, pattern=PATTERN, direction=direction, dtype="bfloat16",
                 head_dim=128, gqa_group=1, bucket=bucket_, triton_version=triton_version(),
-                template_hash=template_hash(), config=dict(config or (FWD if direction == "fwd" else BWD)),
+                template_hash=template_hash(PATTERN), config=dict(config or (FWD if direction == "fwd" else BWD)),
                 median_ms=1.0, spread_ms=0.01, tflops=100.0, default_ms=1.2, trials=10, batch=1, heads=16,
                 kv_heads=16, seqlen=bucket_, library_version=msa.__version__,
                 created_at=datetime.datetime(2026, 12, 1), provenance="hand-made for a test")
@@ -415,3 +415,15 @@ def test_failures_are_pruned_and_wrong_configs_never_win(tmp_home, monkeypatch):
     with TuningDB(db) as tdb:
         (r,) = tdb.rows()
     assert r["config"]["block_m"] == 32 and r["config"]["block_n"] == 32
+
+
+def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern():
+    from msa_codegen.codegen import kernel_hash
+
+    # same kernels (canonical spellings of one pattern) -> same key; other kernels -> another
+    assert template_hash("window=8,dilation=2") == template_hash("dilation=2,window=8,causal")
+    assert len({template_hash(p) for p in ("window=8,dilation=2", "window=16", "causal", "causal=false",
+                                            "window=8,sink=4", "0-1:window=8;2-3:causal")}) == 6
+    # the header line (template hash, library version) is not part of it: a change of the
+    # templates that leaves a pattern's kernels alone keeps its rows
+    assert kernel_hash.__wrapped__("window=8,dilation=2") == kernel_hash("window=8,dilation=2")

@@ -40,6 +40,15 @@ _OPTUNA_TABLES = frozenset({
 _OUR_TABLES = frozenset(Base.metadata.tables)
 
 
+
+def _safe_hash(hash_of, pattern: str) -> str | None:
+    """The running kernel hash of a stored pattern; None when it no longer parses (stale)."""
+    try:
+        return hash_of(pattern)
+    except ValueError:
+        return None
+
+
 class SchemaError(RuntimeError):
     """The file is not a tuning database this version can use (foreign, newer, unmigratable)."""
 
@@ -358,16 +367,23 @@ class TuningDB:
                         setattr(old, c, row[c])
         return len(rows)
 
-    def clear(self, *, only_stale_for: tuple[str, str] | None = None) -> int:
-        """Delete every row (or, with ``only_stale_for=(triton_version, template_hash)``, the rows
-        of other versions). Returns how many."""
+    def clear(self, *, only_stale_for: tuple[str, Callable[[str], str]] | None = None) -> int:
+        """Delete every row (or, with ``only_stale_for=(triton_version, kernel_hash_of)``, the
+        rows of another Triton version or whose kernels changed: ``kernel_hash_of(pattern)`` is
+        the running hash of a row's pattern). Returns how many."""
         self._need_writable()
         if not self.has_schema:
             return 0
         stmt = delete(TuningRow)
         if only_stale_for is not None:
-            tv, th = only_stale_for
-            stmt = stmt.where((TuningRow.triton_version != tv) | (TuningRow.template_hash != th))
+            tv, hash_of = only_stale_for
+            with Session(self.engine) as s:
+                keys = s.execute(select(TuningRow.id, TuningRow.pattern, TuningRow.triton_version,
+                                        TuningRow.template_hash)).all()
+            stale = [i for i, pattern, rtv, rth in keys if rtv != tv or rth != _safe_hash(hash_of, pattern)]
+            if not stale:
+                return 0
+            stmt = stmt.where(TuningRow.id.in_(stale))
         with Session(self.engine) as s, s.begin():
             return int(s.execute(stmt).rowcount or 0)
 

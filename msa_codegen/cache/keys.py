@@ -52,10 +52,12 @@ def triton_version() -> str:
     return str(triton.__version__)
 
 
-def template_hash() -> str:
-    from ..codegen import template_hash as th
+def template_hash(pattern) -> str:
+    """The kernel hash of a pattern (``codegen.kernel_hash``): rows are keyed by the very
+    kernel sources they were measured on."""
+    from ..codegen import kernel_hash
 
-    return th()
+    return kernel_hash(canonical_pattern(pattern))
 
 
 def library_version() -> str:
@@ -90,7 +92,7 @@ class TuningKey:
                 seqlen: int) -> "TuningKey":
         """The key of a problem on this installation (running Triton and templates)."""
         return cls(gpu, capability, canonical_pattern(pattern), direction, dtype_name(dtype), int(head_dim),
-                   int(gqa_group), bucket(seqlen), triton_version(), template_hash())
+                   int(gqa_group), bucket(seqlen), triton_version(), template_hash(pattern))
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

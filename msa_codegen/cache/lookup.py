@@ -9,7 +9,8 @@ Order, per direction (forward and backward are separate rows):
    database first);
 5. the heuristic default (``config.default_config``).
 
-Only rows of the running Triton version and template hash are considered: a row tuned for
+Only rows of the running Triton version and kernel hash (`codegen.kernel_hash` of the pattern:
+its rendered kernel sources) are considered: a row tuned for
 other kernels never runs. A database that cannot be read (damaged, locked, foreign, newer
 schema) is reported once per path as a ``RuntimeWarning`` and skipped. Results are cached in
 memory, keyed by the question and the files' modification stamps: after the first call of
@@ -268,7 +269,7 @@ def resolve(gpu: str, capability: str, pattern, head_dim: int, dtype, group: int
     user, shipped = user_db_path(db), shipped_db_path()
     return _resolve_cached(str(gpu), str(capability), bool(cuda), str(pattern), dtype_name(dtype), int(head_dim),
                            int(group), int(seqlen), user, _stamp(user), shipped, _stamp(shipped),
-                           triton_version(), template_hash())
+                           triton_version(), template_hash(pattern))
 
 
 def resolve_for_device(device, pattern, head_dim: int, dtype, group: int, seqlen: int) -> Resolution:

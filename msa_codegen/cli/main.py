@@ -194,9 +194,19 @@ def _open_db(path, mode="rw"):
     return open_db(path, mode=mode)
 
 
+def _running_hash(pattern: str) -> str | None:
+    """The kernel hash of a stored pattern with the running templates (None: no longer parses)."""
+    from msa_codegen.cache.keys import template_hash
+
+    try:
+        return template_hash(pattern)
+    except ValueError:
+        return None
+
+
 def cmd_db_list(args) -> int:
     from msa_codegen.cache import shipped_db_path, user_db_path
-    from msa_codegen.cache.keys import template_hash, triton_version
+    from msa_codegen.cache.keys import triton_version
 
     path = shipped_db_path() if args.shipped else user_db_path(args.db)
     label = "shipped db" if args.shipped else "user db"
@@ -205,18 +215,19 @@ def cmd_db_list(args) -> int:
         return 0
     with _open_db(path, "ro" if args.shipped else "rw") as db:
         rows = db.rows()
-    print(f"{label} {path}: {len(rows)} rows (running: triton {triton_version()}, templates {template_hash()})")
+    print(f"{label} {path}: {len(rows)} rows (running: triton {triton_version()}; a row is stale when its Triton "
+          f"version or the hash of its pattern's kernel sources differs)")
     if not rows:
         return 0
     table = [("gpu", "cap", "pattern", "dir", "dtype", "D", "g", "bucket", "config", "ms", "TF/s", "trials",
               "date", "")]
     for r in rows:
-        stale = r["triton_version"] != triton_version() or r["template_hash"] != template_hash()
+        stale = r["triton_version"] != triton_version() or r["template_hash"] != _running_hash(r["pattern"])
         table.append((r["gpu"], r["capability"], r["pattern"], r["direction"], r["dtype"], str(r["head_dim"]),
                       str(r["gqa_group"]), str(r["bucket"]), ",".join(str(v) for v in r["config"].values()),
                       f"{r['median_ms']:.4g}", f"{r['tflops']:.3g}" if r["tflops"] is not None else "-",
                       str(r["trials"]), str(r["created_at"])[:10],
-                      f"stale (triton {r['triton_version']}, templates {r['template_hash']})" if stale else ""))
+                      f"stale (triton {r['triton_version']}, kernels {r['template_hash']})" if stale else ""))
     widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
     for t in table:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
@@ -264,9 +275,18 @@ def cmd_db_import(args) -> int:
     return 0
 
 
+def _study_is_current(name: str, tv: str) -> bool:
+    """Whether a tuner study (``TuningKey.study_name``) is of the running Triton and kernels."""
+    parts = name.split("|")
+    if len(parts) < 4:
+        return False
+    # the pattern (4th field) may itself hold '|'-free text only; the last two are versions
+    return parts[-2] == f"triton-{tv}" and parts[-1] == _running_hash(parts[3])
+
+
 def cmd_db_clear(args) -> int:
     from msa_codegen.cache import user_db_path
-    from msa_codegen.cache.keys import template_hash, triton_version
+    from msa_codegen.cache.keys import triton_version
 
     path = user_db_path(args.db)
     if not path.exists():
@@ -274,9 +294,8 @@ def cmd_db_clear(args) -> int:
         return 0
     import sqlalchemy
 
-    current = f"|triton-{triton_version()}|{template_hash()}"
     with _open_db(path) as db:
-        n = db.clear(only_stale_for=(triton_version(), template_hash()) if args.stale else None)
+        n = db.clear(only_stale_for=(triton_version(), _running_hash) if args.stale else None)
         has_studies = "studies" in sqlalchemy.inspect(db.engine).get_table_names()
     studies = 0
     if has_studies:   # the tuner's Optuna studies live in the same file
@@ -285,7 +304,7 @@ def cmd_db_clear(args) -> int:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         url = f"sqlite:///{path}"
         for name in optuna.get_all_study_names(storage=url):
-            if name.startswith("msa|") and not (args.stale and name.endswith(current)):
+            if name.startswith("msa|") and not (args.stale and _study_is_current(name, triton_version())):
                 optuna.delete_study(study_name=name, storage=url)
                 studies += 1
     print(f"cleared {n} rows{f' and {studies} tuner studies' if studies else ''} from {path}")
