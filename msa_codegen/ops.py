@@ -255,7 +255,7 @@ def _check_inputs(q, k, v, scale):
 
 
 def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None = None,
-              return_lse: bool = False, deterministic: bool = True):
+              return_lse: bool = False, deterministic: bool = True, autotune: bool = False):
     """Sparse attention through a pattern, with autograd.
 
     Args:
@@ -268,6 +268,10 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         return_lse: also return the natural-log log-sum-exp, float32 ``(B, Hq, N)`` (differentiable).
         deterministic: the backward never uses atomics, so it is always deterministic; the flag
             is accepted for API compatibility.
+        autotune: when no tuned row of this GPU and length bucket exists for the call's key, tune
+            it now (once per process, a short budget, progress on stderr) and store the winner in
+            the user database (``msa_codegen.tuner.auto``). Default off: tuning never happens
+            implicitly.
 
     Returns:
         the output ``(B, Hq, N, D)`` in q's dtype and layout (and the LSE). A query that sees no
@@ -283,6 +287,10 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     pat.head_groups(q.shape[1])   # raises ValueError when the groups do not cover every query head
     d = q.shape[-1]
     scale = float(d ** -0.5 if scale is None else scale)
+    if autotune:
+        from .tuner.auto import ensure_tuned
+
+        ensure_tuned(q, k, str(pat))
     cfg = current_config_list(q.device, d, q.dtype, str(pat), q.shape[1] // k.shape[1], q.shape[2])
     out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg)
     return (out, lse) if return_lse else out

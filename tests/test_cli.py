@@ -143,6 +143,7 @@ def _error_cases(tmp_path):
         "show bad pattern": ([*CODEGEN, "show", "--pattern", "sink=x", "--seqlen", "64", "--png",
                               str(tmp_path / "x.png")], "sink"),
         "show without matplotlib": ([sys.executable, "-c", no_mpl], "pip install msa-codegen[plot]"),
+        "render bad head dim": ([*CODEGEN, "render", "--pattern", "window=8", "--head-dim", "8"], "--head-dim"),
     }
     if not torch.cuda.is_available():
         cases[NOT_PRESENT] = ([*TUNE, "--pattern", "window=8", "--gpu", "h100"], "no CUDA GPU")
@@ -157,7 +158,8 @@ def _error_cases(tmp_path):
 NOT_PRESENT = "tune --gpu not the GPU present"
 ERROR_CASES = ["tune bad pattern", "tune unknown gpu", "tune foreign db", "tune damaged db", "tune bad dtype",
                "tune heads", "which bad pattern", "which unknown gpu", "import missing file", "import not json",
-               "list foreign db", "export missing db", "show bad pattern", "show without matplotlib", NOT_PRESENT]
+               "list foreign db", "export missing db", "show bad pattern", "show without matplotlib", "render bad head dim",
+               NOT_PRESENT]
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +199,13 @@ def test_show_png(tmp_path):
     png = tmp_path / "mask.png"
     assert main(["show", "--pattern", "window=16,dilation=2,sink=4", "--seqlen", "256", "--png", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_render_names_the_launch_of_a_head_dim_and_dtype(tmp_path):
+    p = _ok(run([*CODEGEN, "render", "--pattern", "window=64,dilation=2", "--direction", "bwd", "--head-dim", "80",
+                 "--dtype", "fp16"], tmp_path))
+    first, second, third = p.stdout.splitlines()[:3]
+    assert "head dim 80, float16" in first and "BLOCK_D=128" in first and "DOT_PREC='tf32'" in first
+    assert second.startswith("# bwd config: block_m1=") and "(" in second
+    assert third.startswith("# generated from msa_codegen/templates/bwd.py.jinja")
+    assert "def msa_bwd_dkdv" in p.stdout

@@ -6,6 +6,7 @@ test builds one.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import sqlite3
 import warnings
@@ -432,3 +433,27 @@ def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern(monkeypatch):
     monkeypatch.setattr(codegen, "template_hash", lambda: "another-template")
     assert "another-template" in codegen.render(lower(parse("window=8,dilation=2").groups[0].spec), "fwd")
     assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") == before
+
+
+def test_autotune_tunes_a_missing_key_once_and_attention_runs_it(tmp_home, capsys):
+    from msa_codegen.tuner import auto
+
+    auto.forget_attempts()
+    q = torch.randn(1, 2, 40, 16, requires_grad=True)
+    k, v = (torch.randn(1, 1, 40, 16, requires_grad=True) for _ in range(2))
+    assert msa.explain(q, k, v, PATTERN).source == "heuristic default"
+    tuned = auto.ensure_tuned(q, k, PATTERN, trials=2)
+    assert {r.key.direction for r in tuned} == {"fwd", "bwd"}
+    assert "autotune: no tuned row" in capsys.readouterr().err
+    res = msa.explain(q, k, v, PATTERN)
+    assert res.fwd.source.startswith("user db") and res.bwd.source.startswith("user db")
+    assert dataclasses.asdict(res.fwd.config) == next(r.config for r in tuned if r.key.direction == "fwd")
+    # the key is present now: attention(..., autotune=True) tunes nothing more and is correct
+    out = msa.attention(q, k, v, PATTERN, autotune=True)
+    out.sum().backward()
+    assert capsys.readouterr().err == ""
+    assert rel_err(out, msa.reference_attention(q, k, v, PATTERN)) < 1e-4
+    # a key is attempted once per process, whatever happened
+    assert auto.ensure_tuned(q[:, :, :30], k[:, :, :30], "window=4", trials=1) != []
+    assert auto.ensure_tuned(q[:, :, :30], k[:, :, :30], "window=4", trials=1) == []
+    auto.forget_attempts()

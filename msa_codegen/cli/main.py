@@ -62,11 +62,40 @@ def cmd_render(args) -> int:
     from msa_codegen.lowering import lower
 
     pat = msa.parse(args.pattern)
+    print(_launch_header(pat, args), end="")
     for group in pat.groups:
         if len(pat.groups) > 1:
             print(f"# ---- heads {group.heads} ----")
         print(codegen.render(lower(group.spec), args.direction), end="")
     return 0
+
+
+def _launch_header(pat, args) -> str:
+    """Comment lines: the constexprs and launch config a call with this head dim / dtype /
+    length gets (the source itself is the same for every head dim and dtype)."""
+    import dataclasses
+
+    import torch
+
+    from msa_codegen.cache.keys import DTYPES
+    from msa_codegen.config import default_config, lookup_config
+
+    d = args.head_dim
+    if not 16 <= d <= 256:
+        raise ValueError(f"--head-dim must be between 16 and 256, got {d}")
+    if args.seqlen < 1:
+        raise ValueError(f"--seqlen must be >= 1, got {args.seqlen}")
+    dtype = getattr(torch, DTYPES[args.dtype])
+    block_d = max(16, 1 << (d - 1).bit_length())
+    prec = "ieee" if dtype == torch.float32 else "tf32"
+    if torch.cuda.is_available():
+        cfg, source = lookup_config(torch.device("cuda"), str(pat), d, dtype, 1, args.seqlen)
+    else:
+        cfg, source = default_config(torch.device("cuda"), d, dtype), "heuristic default for a GPU (none here)"
+    c = dataclasses.asdict(cfg.fwd if args.direction == "fwd" else cfg.bwd)
+    return (f"# launched for head dim {d}, {DTYPES[args.dtype]}, N={args.seqlen}: HEAD_DIM={d} BLOCK_D={block_d} "
+            f"DOT_PREC={prec!r}\n# {args.direction} config: {' '.join(f'{k}={v}' for k, v in c.items())} "
+            f"({source})\n")
 
 
 def cmd_mask(args) -> int:
@@ -321,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the generated Triton source of a pattern")
     p.add_argument("--pattern", required=True)
     p.add_argument("--direction", choices=("fwd", "bwd"), default="fwd", help="default: %(default)s")
+    p.add_argument("--head-dim", type=int, default=128,
+                   help="head dim of the launch shown in the header (the source is the same for all); "
+                        "default: %(default)s")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="default: %(default)s")
+    p.add_argument("--seqlen", type=int, default=131072, help="length of the launch shown; default: %(default)s")
     p.set_defaults(fn=cmd_render)
     p = sub.add_parser("mask", help="draw the element mask in ASCII ('#' = visible)")
     p.add_argument("--pattern", required=True)

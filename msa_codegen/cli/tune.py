@@ -20,8 +20,6 @@ GPU_SEQLENS = (8192, 32768, 131072, 524288)
 CPU_SEQLENS = (4096,)
 GPU_TRIALS = 40
 CPU_TRIALS = 3
-INTERP_MAX_SEQLEN = 64         # the reduced problem of the interpreter
-TOKENS_PER_BATCH = 65536       # representative shape: batch = max(1, TOKENS_PER_BATCH // N)
 PROG = "msa-tune"
 
 
@@ -154,7 +152,8 @@ def run(args) -> int:
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
 
-    from ..tuner import Problem, tune
+    from ..tuner import tune
+    from ..tuner.measure import INTERP_MAX_SEQLEN, representative_problem
 
     if not cuda:
         print(f"no CUDA GPU: tuning in Triton's interpreter on the CPU, reduced problem (N <= {INTERP_MAX_SEQLEN}, "
@@ -169,12 +168,7 @@ def run(args) -> int:
         if b in seen:
             continue
         seen.add(b)
-        if cuda:
-            problem = Problem(pattern, max(1, TOKENS_PER_BATCH // n), heads, kv_heads, n, args.head_dim, dtype,
-                              "cuda", n)
-        else:
-            hq, hkv = (heads, kv_heads) if pat.grouped else (heads // kv_heads, 1)
-            problem = Problem(pattern, 1, hq, hkv, min(n, INTERP_MAX_SEQLEN), args.head_dim, dtype, "cpu", n)
+        problem = representative_problem(pattern, heads, kv_heads, n, args.head_dim, dtype, cuda)
         for direction in directions:
             key = TuningKey.current(name, cap, pattern, direction, dtype, args.head_dim, heads // kv_heads, n)
             print(f"[bucket {b}, {direction}] timing {problem.describe()}", flush=True)

@@ -28,6 +28,8 @@ from ..spec import parse
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 CHECK_SEQLEN_GPU = 1024 + 61      # odd: partial blocks at the end
 CHECK_SEQLEN_INTERPRETER = 64
+TOKENS_PER_BATCH = 65536          # representative shape of a bucket: batch = max(1, TOKENS_PER_BATCH // N)
+INTERP_MAX_SEQLEN = 64            # the reduced problem timed in Triton's interpreter
 
 
 class WrongResult(Exception):
@@ -83,6 +85,19 @@ class Problem:
         return fwd if direction == "fwd" else 2.5 * fwd
 
 
+
+
+def representative_problem(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int,
+                           dtype: torch.dtype, cuda: bool) -> Problem:
+    """The problem timed for the bucket of ``seqlen``: on a GPU that length with batch
+    ``TOKENS_PER_BATCH // seqlen`` (at least 1); in the interpreter a reduced one (N <= 64, one
+    key/value head unless the pattern has head groups). Its rows are keyed by ``seqlen``."""
+    pattern = str(parse(pattern))
+    if cuda:
+        return Problem(pattern, max(1, TOKENS_PER_BATCH // seqlen), heads, kv_heads, seqlen, head_dim, dtype,
+                       "cuda", seqlen)
+    hq, hkv = (heads, kv_heads) if parse(pattern).grouped else (heads // kv_heads, 1)
+    return Problem(pattern, 1, hq, hkv, min(seqlen, INTERP_MAX_SEQLEN), head_dim, dtype, "cpu", seqlen)
 
 
 def _lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
