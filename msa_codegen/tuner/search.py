@@ -8,7 +8,8 @@ A trial: Optuna proposes a value per knob; the explicit filter (``space.why_excl
 prunes what cannot fit before anything compiles; the candidate is checked against the
 float64 reference on a small problem; only then is it timed. A compile or launch failure,
 or a wrong result, ends the trial as pruned with the reason in its user attributes, never
-the tuner. The heuristic default is enqueued first, so it is always measured (the baseline).
+the tuner. The heuristic default is enqueued first, so it is always measured (the baseline), then a
+few of its neighbours (``space.seeds``).
 Afterwards the best few distinct configurations (and the default) are re-measured
 interleaved, round after round, and the fastest by median is stored with the median and
 interquartile range of those rounds.
@@ -152,8 +153,11 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                 done[_params_key(t.params)] = t
         return done
 
-    if _params_key(default_params) not in measured():
-        study.enqueue_trial(default_params, skip_if_exists=True)
+    already = measured()
+    for p in [default_params, *_space.seeds(direction, default_params, env)]:
+        # the default (the baseline) and a few of its neighbours are measured first
+        if _params_key(p) not in already:
+            study.enqueue_trial(p, skip_if_exists=True)
 
     failures: list[str] = []
     checked_here: set[tuple] = set()   # candidates this process checked against the reference
