@@ -32,7 +32,7 @@ for i in $(seq 0 $((NG - 1))); do
     fi
     b=$(left)
     [ "$b" -gt 30 ] && timeout $(( HARD - ($(date +%s) - start) )) \
-      python3 -m msa_codegen.tuner.grid --db "$DB" --shard "$i/$NG" --budget-s "$b" > "$OUT/grid-$i.log" 2>&1
+      python3 -m msa_codegen.tuner.grid --db "$DB" --shard "$i/$NG" --budget-s "$b" ${GRID_ARGS:-} > "$OUT/grid-$i.log" 2>&1
     echo "grid $i exit $?" >> "$OUT/grid-$i.log"
   ) &
   pids+=($!)
