@@ -521,3 +521,42 @@ def test_shipped_grid_lists_the_issue_grid_after_the_benchmark_cases(tmp_path):
     assert "msa_tuning" in tables and "studies" not in tables
     if not torch.cuda.is_available():
         assert grid.main(["--db", str(src)]) == 2   # measuring needs a GPU
+
+
+def test_precompiled_batches_run_in_workers_and_their_failures_are_pruned(tmp_home, monkeypatch):
+    """Batches compiled by worker processes (spawned, in the interpreter here): the whole tune
+    path still stores a checked winner, and a candidate whose compile failed in a worker is a
+    pruned trial with that error, never timed."""
+    import optuna
+
+    from msa_codegen.config import as_list
+    from msa_codegen.tuner import precompile
+
+    assert precompile.warm_seqlen(131072) == 1024 and precompile.warm_seqlen(131075) == 1027
+    assert precompile.warm_seqlen(300) == 300
+    # real spawned workers run both directions of two candidates
+    small = LaunchConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 4, 1, 16, 16, 4, 1))
+    for direction in ("fwd", "bwd"):
+        errors = precompile.compile_all(_problem(), direction,
+                                        [small, default_config(torch.device("cpu"), 16, torch.float32)], n_workers=2)
+        assert errors == [None, None]
+    precompile.shutdown()
+    # what a worker reports when a candidate cannot run: its error, one line
+    err = precompile._warm("window=0", 2, 1, 40, 16, "float32", "cpu", "fwd", as_list(small))
+    assert err is not None and err.startswith("PatternError") and "\n" not in err, err
+    seen = []
+
+    def fake_compile_all(problem, direction, configs, n_workers=None):
+        seen.append([as_list(c) for c in configs])
+        return ["CompilationError: simulated" if c.fwd.block_n == 16 else None for c in configs]
+
+    monkeypatch.setattr(precompile, "compile_all", fake_compile_all)
+    monkeypatch.setattr(precompile, "workers", lambda: 3)
+    db = tmp_home / "tuning.db"
+    res = tune(_problem(), "fwd", _key("fwd"), db, trials=4, progress=False, precompile=True)
+    assert res is not None and res.config["block_n"] == 32
+    assert seen and max(len(b) for b in seen) <= 3 and sum(len(b) for b in seen) == 4
+    study = optuna.load_study(study_name=_key("fwd").study_name(), storage=f"sqlite:///{db}")
+    failed = [t for t in study.trials if "failure" in t.user_attrs]
+    assert failed and all("simulated" in t.user_attrs["failure"] and t.params["block_n"] == 16 for t in failed)
+    assert all("spread_ms" not in t.user_attrs for t in failed)   # never timed

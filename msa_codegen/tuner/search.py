@@ -124,9 +124,14 @@ def _provenance(problem: Problem, meaningful: bool, rounds: int) -> str:
 
 def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, trials: int, seed: int = 0,
          progress: bool = True, finalists: int = FINALISTS, rounds: int | None = None,
-         rep_ms: int = 100, on_trial: Callable[[int, float | None], None] | None = None) -> TuneResult | None:
+         rep_ms: int = 100, on_trial: Callable[[int, float | None], None] | None = None,
+         precompile: bool | None = None) -> TuneResult | None:
     """Tune one direction of one key; store the winner in ``db_path``. None when nothing valid
-    was measured (every candidate failed, the default included)."""
+    was measured (every candidate failed, the default included).
+
+    ``precompile`` (default: on a GPU) asks the sampler for a batch of candidates at a time and
+    compiles them in parallel worker processes before checking and timing them here
+    (``tuner.precompile``)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -170,56 +175,73 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     rng = random.Random(seed)
     everything = {_params_key(p) for p in valid} | {_params_key(default_params)}
     bar = _progress(trials, f"{direction} bucket {problem.bucket}", progress)
+    batch_size = 1
+    if precompile if precompile is not None else not interp:
+        from . import precompile as _pre
+
+        batch_size = _pre.workers()
     try:
         while counted < trials and attempts < max_attempts:
             done = measured()
             if everything <= set(done):   # every valid candidate (and the default) measured
                 break
-            attempts += 1
-            trial = study.ask()
-            params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in knobs.items()}
-            pk = _params_key(params)
-            is_default = pk == _params_key(default_params)
-            reason = None if is_default else _space.why_excluded(direction, params, env)
-            if reason is None and pk in done:
-                reason = "already measured in this study"
-            if reason is not None:
-                # pruned before compiling: costs nothing and is not counted as a trial
-                trial.set_user_attr("excluded", reason)
-                study.tell(trial, state=TrialState.PRUNED)
-                pruned += 1
-                misses += 1
-                if misses >= 5:
-                    # the sampler keeps proposing what is excluded or measured (small or heavily
-                    # constrained spaces): queue a valid candidate nobody measured yet
-                    fresh = [p for p in valid if _params_key(p) not in done]
-                    if fresh:
-                        study.enqueue_trial(rng.choice(fresh), skip_if_exists=True)
-                    misses = 0
-                continue
-            misses = 0
-            cfg = _space.with_params(direction, params, default)
-            counted += 1
-            try:
-                err = bench.check(cfg)
-                checked_here.add(pk)
-                trial.set_user_attr("check_error", err)
-                med, spread, _ = bench.time(cfg)
-            except WrongResult as e:
-                _fail(study, trial, f"wrong result: {e}", failures)
-                pruned += 1
-            except Exception as e:   # compile errors, out of resources, launch failures
-                _fail(study, trial, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                      failures)
-                pruned += 1
-            else:
-                trial.set_user_attr("spread_ms", spread)
-                trial.set_user_attr("meaningful", not interp)
-                study.tell(trial, med)
-                best = med if best is None else min(best, med)
-                if on_trial:
-                    on_trial(counted, best)
-            _bar_update(bar, best)
+            batch = []   # (trial, params key, config) of candidates to measure
+            while len(batch) < min(batch_size, trials - counted) and attempts < max_attempts:
+                attempts += 1
+                trial = study.ask()
+                params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in knobs.items()}
+                pk = _params_key(params)
+                is_default = pk == _params_key(default_params)
+                reason = None if is_default else _space.why_excluded(direction, params, env)
+                if reason is None and (pk in done or any(pk == b[1] for b in batch)):
+                    reason = "already measured in this study"
+                if reason is not None:
+                    # pruned before compiling: costs nothing and is not counted as a trial
+                    trial.set_user_attr("excluded", reason)
+                    study.tell(trial, state=TrialState.PRUNED)
+                    pruned += 1
+                    misses += 1
+                    if misses >= 5:
+                        # the sampler keeps proposing what is excluded or measured (small or heavily
+                        # constrained spaces): queue a valid candidate nobody measured yet
+                        fresh = [p for p in valid if _params_key(p) not in done
+                                 and all(_params_key(p) != b[1] for b in batch)]
+                        if fresh:
+                            study.enqueue_trial(rng.choice(fresh), skip_if_exists=True)
+                        misses = 0
+                    continue
+                misses = 0
+                batch.append((trial, pk, _space.with_params(direction, params, default)))
+            # compile the batch in parallel worker processes (nothing is timed meanwhile)
+            compiled = (_pre.compile_all(problem, direction, [b[2] for b in batch]) if batch_size > 1
+                        else [None] * len(batch))
+            for (trial, pk, cfg), compile_error in zip(batch, compiled):
+                counted += 1
+                if compile_error is not None:
+                    _fail(study, trial, compile_error, failures)
+                    pruned += 1
+                    _bar_update(bar, best)
+                    continue
+                try:
+                    err = bench.check(cfg)
+                    checked_here.add(pk)
+                    trial.set_user_attr("check_error", err)
+                    med, spread, _ = bench.time(cfg)
+                except WrongResult as e:
+                    _fail(study, trial, f"wrong result: {e}", failures)
+                    pruned += 1
+                except Exception as e:   # compile errors, out of resources, launch failures
+                    text = str(e).strip()
+                    _fail(study, trial, f"{type(e).__name__}: {text.splitlines()[0] if text else ''}", failures)
+                    pruned += 1
+                else:
+                    trial.set_user_attr("spread_ms", spread)
+                    trial.set_user_attr("meaningful", not interp)
+                    study.tell(trial, med)
+                    best = med if best is None else min(best, med)
+                    if on_trial:
+                        on_trial(counted, best)
+                _bar_update(bar, best)
     finally:
         _bar_close(bar)
 
