@@ -9,7 +9,8 @@ is stored in the user database; the call then runs it. A key is attempted at mos
 process, whatever the outcome, so a failure never repeats on every step. Progress goes to
 standard error.
 
-Under ``torch.compile`` nothing is tuned (the lookup is a constant of the graph): a warning
+Candidates compile in this process (no worker processes: spawning them would re-import the
+user's main script). Under ``torch.compile`` nothing is tuned (the lookup is a constant of the graph): a warning
 says so once, and the configuration the lookup gives is used.
 """
 from __future__ import annotations
@@ -72,7 +73,7 @@ def ensure_tuned(q: torch.Tensor, k: torch.Tensor, pattern: str, *, trials: int 
         for direction in missing:
             key = TuningKey.current(res.gpu, res.capability, res.pattern, direction, q.dtype, d, hq // hkv, n)
             try:
-                r = tune(problem, direction, key, db, trials=trials)
+                r = tune(problem, direction, key, db, trials=trials, precompile=False)
             except Exception as e:   # the call still runs, with what the lookup gives
                 warnings.warn(f"msa_codegen: autotune of {res.pattern!r} {direction} failed "
                               f"({type(e).__name__}: {e}); using {getattr(res, direction).source}",
