@@ -1,0 +1,133 @@
+"""Run-time sparsity inputs (issue 5): cu_seqlens, q_pos/k_pos, q_bucket/k_bucket, topk + block_indices.
+
+The oracle (mask / reference_attention) is checked against independent constructions; the
+kernels (Triton's interpreter on the CPU) against the oracle: output, LSE, dq, dk, dv.
+"""
+import random
+
+import pytest
+import torch
+
+import msa_codegen as msa
+from msa_codegen.reference import spec_mask
+
+from helpers import FLOOR, lowp_attention, rel_err
+
+
+def _docs(n, gen, max_len=40, ones=True):
+    """Random document lengths summing to n, with length-1 documents mixed in."""
+    lens, left = [], n
+    while left:
+        ln = 1 if ones and gen.random() < 0.25 else gen.randint(1, max_len)
+        ln = min(ln, left)
+        lens.append(ln)
+        left -= ln
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lens), 0)
+    return cu
+
+
+def _keep_sorted(n, frac, gen, b=1, h=1):
+    """(b, h, n') sorted positions in 0..n-1 keeping about 1 - frac of them (same count per row)."""
+    m = max(1, round(n * (1 - frac)))
+    rows = [sorted(gen.sample(range(n), m)) for _ in range(b * h)]
+    return torch.tensor(rows, dtype=torch.int32).view(b, h, m)
+
+
+# ---- the oracle ---------------------------------------------------------------------------
+
+ORACLE_PATTERNS = ["causal", "causal=false", "window=5", "window=4,dilation=3,sink=2", "sink=3",
+                   "causal=false,global=2,window=3", "causal=false,window=3,dilation=2,sink=1"]
+
+
+@pytest.mark.parametrize("pattern", ORACLE_PATTERNS)
+def test_mask_cu_seqlens_is_block_diagonal(pattern):
+    gen = random.Random(0)
+    n = 97
+    cu = _docs(n, gen, max_len=30)
+    m = msa.mask(pattern, n, 2, cu_seqlens=cu)
+    assert m.shape == (1, 2, n, n)
+    want = torch.zeros(n, n, dtype=torch.bool)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        if b > a:
+            want[a:b, a:b] = spec_mask(msa.parse(pattern).groups[0].spec, b - a)
+    assert torch.equal(m[0, 0], want) and torch.equal(m[0, 1], want)
+
+
+@pytest.mark.parametrize("pattern", ORACLE_PATTERNS)
+def test_mask_positions_select_rows_and_columns(pattern):
+    gen = random.Random(1)
+    n = 80
+    qp = _keep_sorted(n, 0.3, gen, 2, 2)
+    kp = _keep_sorted(n, 0.5, gen, 2, 1)
+    m = msa.mask(pattern, None, 2, q_pos=qp, k_pos=kp)
+    assert m.shape == (2, 2, qp.shape[-1], kp.shape[-1])
+    full = spec_mask(msa.parse(pattern).groups[0].spec, n)
+    for b in range(2):
+        for h in range(2):
+            assert torch.equal(m[b, h], full[qp[b, h].long()][:, kp[b, 0].long()])
+
+
+def test_mask_buckets_and_topk():
+    gen = torch.Generator().manual_seed(3)
+    n, blk = 70, 16
+    qb = torch.randint(0, 3, (1, 2, n), generator=gen)
+    kb = torch.randint(0, 3, (1, 1, n), generator=gen)
+    m = msa.mask("window=9", n, 2, q_bucket=qb, k_bucket=kb)
+    full = msa.mask("window=9", n, 2)
+    assert torch.equal(m[0], full & (qb[0, :, :, None] == kb[0, :, None, :]))
+    nb = -(-n // blk)
+    idx = torch.randint(-1, nb, (1, 1, nb, 3), generator=gen, dtype=torch.int32)
+    m = msa.mask(f"sink=2,topk=3,block={blk}", n, 2, block_indices=idx)
+    i = torch.arange(n)
+    chosen = torch.zeros(nb, nb, dtype=torch.bool)
+    for r in range(nb):
+        for c in idx[0, 0, r].tolist():
+            if c >= 0:
+                chosen[r, c] = True
+    want = ((i[None, :] < 2) | chosen[i[:, None] // blk, i[None, :] // blk]) & (i[None, :] <= i[:, None])
+    assert torch.equal(m[0, 0], want) and torch.equal(m[0, 1], want)
+
+
+def test_spec_topk_terms():
+    s = msa.parse("block=64,topk=8,window=4").groups[0].spec
+    assert s.topk == 8 and s.block == 64 and not s.dense
+    assert str(msa.parse("block=64,topk=8,window=4")) == "window=4,topk=8,block=64"
+    assert str(msa.parse("random=2,seed=3,topk=4,block=32")) == "random=2,seed=3,topk=4,block=32"
+    assert str(msa.parse("topk=2,block=128")) == "topk=2"
+    for bad, frag in [("topk=0", "topk"), ("topk=-1", "topk"), ("topk", "needs a value"),
+                      ("block=64", "random or topk")]:
+        with pytest.raises(msa.PatternError, match=frag):
+            msa.parse(bad)
+
+
+def test_select_blocks():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 100, 16, generator=gen)
+    k = torch.randn(2, 2, 100, 16, generator=gen)
+    idx = msa.select_blocks(q, k, 3, block=16)
+    nb = 7
+    assert idx.shape == (2, 2, nb, 3) and idx.dtype == torch.int32
+    own = torch.arange(nb)
+    assert torch.equal(idx[..., 0].long(), own.expand(2, 2, nb))   # own block first
+    valid = idx >= 0
+    assert (idx[valid].long() <= own[None, None, :, None].expand_as(idx)[valid]).all()   # causal
+    assert torch.equal(valid.sum(-1), torch.minimum(own + 1, torch.tensor(3)).expand(2, 2, nb))
+    full = msa.select_blocks(q, k, 7, block=16, causal=False)
+    assert (full >= 0).all() and torch.equal(full.sort(-1).values, own.expand(2, 2, nb, nb).to(torch.int32))
+
+
+def test_hash_sort_roundtrip():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 50, 16, generator=gen)
+    xs, pos, bkt, inv = msa.hash_sort(x, 6, seed=4)
+    assert xs.shape == x.shape and pos.dtype == torch.int32 and bkt.dtype == torch.int32
+    assert (bkt[..., 1:] >= bkt[..., :-1]).all() and int(bkt.max()) < 6
+    same = bkt[..., 1:] == bkt[..., :-1]
+    assert (pos[..., 1:] > pos[..., :-1])[same].all()
+    assert torch.equal(xs.gather(2, inv[..., None].expand_as(xs)), x)
+    assert torch.equal(x.gather(2, pos.long()[..., None].expand_as(x)), xs)
+    _, _, bkt2, _ = msa.hash_sort(x, 6, seed=4)
+    assert torch.equal(bkt, bkt2)
+    with pytest.raises(ValueError, match="even"):
+        msa.hash_sort(x, 5)
