@@ -11,7 +11,7 @@ import torch
 import msa_codegen as msa
 from msa_codegen.reference import spec_mask
 
-from helpers import FLOOR, lowp_attention, rel_err
+from helpers import FLOOR, lowp_attention, make_inputs, rel_err
 
 
 def _docs(n, gen, max_len=40, ones=True):
@@ -131,3 +131,83 @@ def test_hash_sort_roundtrip():
     assert torch.equal(bkt, bkt2)
     with pytest.raises(ValueError, match="even"):
         msa.hash_sort(x, 5)
+
+
+# ---- the kernels against the oracle --------------------------------------------------------
+
+def check_dynamic(pattern, b=1, hq=2, hkv=1, nq=129, nk=None, d=32, dtype=torch.float32, device="cpu",
+                  make=None, seed=None):
+    """Kernel vs fp64 oracle (out, LSE, dq, dk, dv) with run-time inputs ``make(b, hq, hkv, nq, nk, gen)``."""
+    nk = nq if nk is None else nk
+    seed = random.randrange(2**31) if seed is None else seed
+    gen = random.Random(seed)
+    tg = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
+    k = torch.randn(b, hkv, nk, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
+    v = torch.randn(b, hkv, nk, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
+    dyn = make(b, hq, hkv, nq, nk, gen) if make else {}
+    dyn = {name: (t.to(device) if isinstance(t, torch.Tensor) else t) for name, t in dyn.items()}
+    out, lse = msa.attention(q, k, v, pattern, return_lse=True, **dyn)
+    assert out.shape == q.shape and lse.shape == (b, hq, nq)
+    ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True, **dyn)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device=device, dtype=dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    floor = FLOOR[dtype]
+    base = {}
+    if dtype != torch.float32:
+        m = msa.mask(pattern, nq, hq, device, num_kv_heads=hkv, batch=b, **dyn)
+        low = lowp_attention(q, k, v, m, d ** -0.5)
+        low_grads = torch.autograd.grad(low, (q, k, v), do)
+        base = {"out": rel_err(low, ref), **{f"d{x}": rel_err(g_, r_) for x, g_, r_ in zip("qkv", low_grads, ref_grads)}}
+    errs = {"out": rel_err(out, ref), **{f"d{x}": rel_err(g_, r_) for x, g_, r_ in zip("qkv", grads, ref_grads)}}
+    for name, err in errs.items():
+        bound = max(floor, 2 * base.get(name, 0.0))
+        assert err <= bound, f"{name}: rel err {err:.2e} > {bound:.2e} (pattern {pattern!r}, seed {seed}, errs {errs})"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), f"LSE -inf rows differ (seed {seed})"
+    fin = torch.isfinite(ref_lse)
+    lse_err = (lse[fin].double() - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
+    assert lse_err <= 10 * floor, f"LSE abs err {lse_err:.2e} (pattern {pattern!r}, seed {seed})"
+    return errs
+
+
+def _blk(pattern):
+    return msa.parse(pattern).groups[-1].spec.block
+
+
+def topk_inputs(pattern, dup=True):
+    """Random block_indices for the pattern's topk term: -1 slots and (with dup) repeated ids."""
+    def make(b, hq, hkv, nq, nk, gen):
+        spec = [g.spec for g in msa.parse(pattern).groups if g.spec.topk][0]
+        nqb, nkb = -(-nq // spec.block), -(-nk // spec.block)
+        idx = torch.tensor([[[[gen.randrange(-1, nkb) for _ in range(spec.topk)] for _ in range(nqb)]
+                             for _ in range(hkv)] for _ in range(b)], dtype=torch.int32)
+        if dup and spec.topk > 1:
+            idx[..., -1] = idx[..., 0]
+        return {"block_indices": idx}
+    return make
+
+
+TOPK_PATTERNS = [
+    "topk=3,block=16",
+    "causal=false,topk=2,block=32",
+    "window=9,topk=3,block=16",
+    "window=6,dilation=3,sink=5,topk=2,block=16",
+    "causal=false,window=5,dilation=2,global=4,topk=3,block=32",
+    "random=2,seed=3,topk=3,block=16",
+    "0-0:window=7;1-1:sink=3,topk=2,block=16",
+]
+
+
+@pytest.mark.parametrize("pattern", TOPK_PATTERNS)
+def test_topk_fp32(pattern, device):
+    check_dynamic(pattern, b=2, hq=2, hkv=1, nq=113, device=device, make=topk_inputs(pattern))
+
+
+def test_topk_fp16_gqa_select_blocks(device):
+    def make(b, hq, hkv, nq, nk, gen):
+        g = torch.Generator().manual_seed(gen.randrange(1000))
+        return {"block_indices": msa.select_blocks(torch.randn(b, hq, nq, 64, generator=g),
+                                                   torch.randn(b, hkv, nk, 64, generator=g), 3, block=32)}
+    check_dynamic("window=8,dilation=2,topk=3,block=32", b=1, hq=4, hkv=2, nq=200, d=64,
+                  dtype=torch.float16, device=device, make=make)
