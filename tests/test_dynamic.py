@@ -211,3 +211,34 @@ def test_topk_fp16_gqa_select_blocks(device):
                                                    torch.randn(b, hkv, nk, 64, generator=g), 3, block=32)}
     check_dynamic("window=8,dilation=2,topk=3,block=32", b=1, hq=4, hkv=2, nq=200, d=64,
                   dtype=torch.float16, device=device, make=make)
+
+
+def docs_inputs(max_len=40):
+    def make(b, hq, hkv, nq, nk, gen):
+        return {"cu_seqlens": _docs(nq, gen, max_len=max_len)}
+    return make
+
+
+DOC_PATTERNS = [
+    "causal",
+    "causal=false",
+    "window=7",
+    "window=5,dilation=3",
+    "sink=3",
+    "window=6,dilation=2,sink=4",
+    "causal=false,window=5,dilation=2",
+    "causal=false,global=3,window=4",
+    "causal=false,global=2,sink=5,window=3,dilation=2",
+    "window=4,random=2,block=16",
+    "window=5,topk=2,block=16",
+]
+
+
+@pytest.mark.parametrize("pattern", DOC_PATTERNS)
+def test_cu_seqlens_fp32(pattern, device):
+    def make(b, hq, hkv, nq, nk, gen):
+        out = {"cu_seqlens": _docs(nq, gen, max_len=50)}
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    check_dynamic(pattern, b=1, hq=2, hkv=1, nq=150, device=device, make=make)
