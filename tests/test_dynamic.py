@@ -242,3 +242,115 @@ def test_cu_seqlens_fp32(pattern, device):
             out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
         return out
     check_dynamic(pattern, b=1, hq=2, hkv=1, nq=150, device=device, make=make)
+
+
+def pos_inputs(frac_q=0.3, frac_k=0.3, span=None, shape="bhn"):
+    """Positions of a compacted sequence: per head, sorted, about frac of the tokens dropped."""
+    def make(b, hq, hkv, nq, nk, gen):
+        full = span or max(nq, nk) * 2
+        if shape == "n":
+            return {"q_pos": _keep_sorted(full, 0, gen, 1, 1)[0, 0, :nq] if False else
+                    torch.tensor(sorted(gen.sample(range(full), nq)), dtype=torch.int64),
+                    "k_pos": torch.tensor(sorted(gen.sample(range(full), nk)), dtype=torch.int64)}
+        qp = torch.tensor([sorted(gen.sample(range(full), nq)) for _ in range(b * hq)], dtype=torch.int32)
+        kp = torch.tensor([sorted(gen.sample(range(full), nk)) for _ in range(b * hkv)], dtype=torch.int32)
+        return {"q_pos": qp.view(b, hq, nq), "k_pos": kp.view(b, hkv, nk)}
+    return make
+
+
+POS_PATTERNS = [
+    "causal",
+    "causal=false",
+    "window=9",
+    "window=6,dilation=3",
+    "sink=4",
+    "window=8,dilation=2,sink=5",
+    "causal=false,window=6,dilation=2",
+    "causal=false,global=4,window=5",
+    "window=5,topk=2,block=16",
+]
+
+
+@pytest.mark.parametrize("pattern", POS_PATTERNS)
+def test_positions_fp32(pattern, device):
+    def make(b, hq, hkv, nq, nk, gen):
+        out = pos_inputs()(b, hq, hkv, nq, nk, gen)
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    check_dynamic(pattern, b=2, hq=2, hkv=1, nq=90, nk=130, device=device, make=make)
+
+
+def test_positions_broadcast_1d_fp16(device):
+    check_dynamic("window=24,dilation=2,sink=3", b=1, hq=4, hkv=2, nq=140, nk=100, d=64, dtype=torch.float16,
+                  device=device, make=pos_inputs(shape="n"))
+
+
+def bucket_inputs(nb=3, with_pos=False):
+    """Buckets sorted along the sequence (positions increasing inside a bucket), as hash_sort gives."""
+    def make(b, hq, hkv, nq, nk, gen):
+        def side(h, n):
+            rows_b, rows_p = [], []
+            for _ in range(b * h):
+                bk = sorted(gen.randrange(nb) for _ in range(n))
+                pos = list(range(n))
+                gen.shuffle(pos)
+                # positions increasing inside each bucket
+                out_p, start = [], 0
+                chunks = {}
+                for x in bk:
+                    chunks[x] = chunks.get(x, 0) + 1
+                for x in sorted(chunks):
+                    out_p += sorted(pos[start:start + chunks[x]])
+                    start += chunks[x]
+                rows_b.append(bk)
+                rows_p.append(out_p)
+            return (torch.tensor(rows_b, dtype=torch.int32).view(b, h, n),
+                    torch.tensor(rows_p, dtype=torch.int32).view(b, h, n))
+        qb, qp = side(hq, nq)
+        kb, kp = side(hkv, nk)
+        out = {"q_bucket": qb, "k_bucket": kb}
+        if with_pos:
+            out.update(q_pos=qp, k_pos=kp)
+        return out
+    return make
+
+
+BUCKET_PATTERNS = ["causal", "causal=false", "window=20", "window=12,dilation=2,sink=3",
+                   "causal=false,global=3,window=7", "sink=2,topk=2,block=16"]
+
+
+@pytest.mark.parametrize("pattern", BUCKET_PATTERNS)
+def test_buckets_with_positions_fp32(pattern, device):
+    def make(b, hq, hkv, nq, nk, gen):
+        out = bucket_inputs(3, with_pos=True)(b, hq, hkv, nq, nk, gen)
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    check_dynamic(pattern, b=1, hq=2, hkv=1, nq=120, device=device, make=make)
+
+
+def test_buckets_alone_fp32(device):
+    check_dynamic("window=30", b=2, hq=2, hkv=2, nq=100, device=device, make=bucket_inputs(4))
+
+
+def test_hash_sparse_three_lines_fp16(device):
+    """SCFA's Hash-sparse attention through hash_sort, checked in the original order."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 150, 32, generator=gen).to(device=device, dtype=torch.float16).requires_grad_()
+    k = torch.randn(1, 2, 150, 32, generator=gen).to(device=device, dtype=torch.float16).requires_grad_()
+    v = torch.randn(1, 2, 150, 32, generator=gen).to(device=device, dtype=torch.float16).requires_grad_()
+    qs, qp, qb, q_inv = msa.hash_sort(q, 4, seed=1)
+    ks, kp, kb, _ = msa.hash_sort(k, 4, seed=1)
+    vs = v.gather(2, kp.long()[..., None].expand_as(v))
+    o = msa.attention(qs, ks, vs, "causal", q_pos=qp, k_pos=kp, q_bucket=qb, k_bucket=kb)
+    o = o.gather(2, q_inv[..., None].expand_as(o))
+    # oracle in the original order: buckets unsorted, positions = rows
+    qb0 = qb.gather(2, q_inv.to(torch.int64))
+    kb0 = kb.gather(2, torch.argsort(kp.long(), dim=-1))
+    ref = msa.reference_attention(q, k, v, "causal", q_bucket=qb0, k_bucket=kb0)
+    assert rel_err(o, ref) < 2e-3
+    g = torch.autograd.grad(o.float().square().sum(), (q, k, v))
+    rg = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for a, b_ in zip(g, rg):
+        assert rel_err(a, b_) < 5e-3
