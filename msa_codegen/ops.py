@@ -365,7 +365,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     cfg = current_config_list(q.device, d, q.dtype, str(pat), q.shape[1] // k.shape[1], q.shape[2])
     kw = dict(cu_seqlens=cu_seqlens, q_pos=q_pos, k_pos=k_pos, q_bucket=q_bucket, k_bucket=k_bucket,
               block_indices=block_indices)
-    if all(t is None for t in kw.values()):
+    if all(t is None for t in kw.values()) and not any(spec.topk for _, _, spec in groups):
         out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg)
         return (out, lse) if return_lse else out
     b, hq, nq, _ = q.shape

@@ -132,7 +132,7 @@ def mask(pattern: str | Pattern, seqlen: int | None, num_heads: int = 1, device=
     pat = parse(pattern)
     kw = dict(cu_seqlens=cu_seqlens, q_pos=q_pos, k_pos=k_pos, q_bucket=q_bucket, k_bucket=k_bucket,
               block_indices=block_indices)
-    if not _dyn_kwargs(kw):
+    if not _dyn_kwargs(kw) and not any(g.spec.topk for g in pat.groups):
         if seqlen is None or seqlen < 1:
             raise ValueError(f"seqlen must be >= 1, got {seqlen}")
         out = torch.empty(num_heads, seqlen, seqlen, dtype=torch.bool, device=device)
@@ -184,7 +184,7 @@ def reference_attention(q, k, v, pattern: str | Pattern = "causal", scale: float
     q64, k64, v64 = q.double(), k.double(), v.double()
     k64 = k64.repeat_interleave(group, dim=1)
     v64 = v64.repeat_interleave(group, dim=1)
-    if _dyn_kwargs(dynamic):
+    if _dyn_kwargs(dynamic) or any(g.spec.topk for g in parse(pattern).groups):
         m = mask(pattern, n, hq, q.device, num_kv_heads=hkv, batch=b, **dynamic)
     else:
         m = mask(pattern, n, hq, q.device)[None]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import msa_codegen as msa
+from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
 from msa_codegen.reference import spec_mask
 
 from helpers import FLOOR, lowp_attention, make_inputs, rel_err
@@ -249,8 +250,7 @@ def pos_inputs(frac_q=0.3, frac_k=0.3, span=None, shape="bhn"):
     def make(b, hq, hkv, nq, nk, gen):
         full = span or max(nq, nk) * 2
         if shape == "n":
-            return {"q_pos": _keep_sorted(full, 0, gen, 1, 1)[0, 0, :nq] if False else
-                    torch.tensor(sorted(gen.sample(range(full), nq)), dtype=torch.int64),
+            return {"q_pos": torch.tensor(sorted(gen.sample(range(full), nq)), dtype=torch.int64),
                     "k_pos": torch.tensor(sorted(gen.sample(range(full), nk)), dtype=torch.int64)}
         qp = torch.tensor([sorted(gen.sample(range(full), nq)) for _ in range(b * hq)], dtype=torch.int32)
         kp = torch.tensor([sorted(gen.sample(range(full), nk)) for _ in range(b * hkv)], dtype=torch.int32)
@@ -354,3 +354,127 @@ def test_hash_sparse_three_lines_fp16(device):
     rg = torch.autograd.grad(ref.square().sum(), (q, k, v))
     for a, b_ in zip(g, rg):
         assert rel_err(a, b_) < 5e-3
+
+
+SMALL_TILES = [
+    LaunchConfig(FwdConfig(16, 32, 4, 1), BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)),
+    LaunchConfig(FwdConfig(32, 16, 4, 1), BwdConfig(32, 16, 4, 1, 16, 32, 4, 1)),
+]
+
+
+@pytest.mark.parametrize("kind,pattern,cfg", [
+    ("docs", "window=10,dilation=2,sink=3", SMALL_TILES[0]),
+    ("docs", "causal=false,global=4,window=6,random=2,block=16", SMALL_TILES[1]),
+    ("pos", "window=12,sink=5", SMALL_TILES[1]),
+    ("pos", "causal=false,window=9,dilation=3", SMALL_TILES[0]),
+    ("buckets", "window=15,dilation=2,sink=2", SMALL_TILES[0]),
+    ("buckets", "causal=false,sink=3,topk=2,block=16", SMALL_TILES[1]),
+], ids=["docs-bm16", "docs-global-random-bm32", "pos-bm32", "pos-bidir-dil-bm16", "buckets-bm16", "buckets-topk-bm32"])
+def test_many_tiles(kind, pattern, cfg, device):
+    """Small tiles: many tiles, each with its own binary-searched key / query range."""
+    def make(b, hq, hkv, nq, nk, gen):
+        out = {"docs": docs_inputs(60), "pos": pos_inputs(), "buckets": bucket_inputs(3, True)}[kind](
+            b, hq, hkv, nq, nk, gen)
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    with use_config(cfg):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=make)
+
+
+def test_length_one_documents_and_empty_rows(device):
+    """Every document of length 1, and a pattern under which some rows see nothing (zero, -inf)."""
+    def make(b, hq, hkv, nq, nk, gen):
+        return {"cu_seqlens": torch.arange(nq + 1, dtype=torch.int32)}
+    check_dynamic("window=3", nq=40, device=device, make=make)
+    # rows whose window and sink miss every kept key: zero output, -inf LSE, zero grads
+    q = torch.randn(1, 1, 4, 32, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 3, 32, device=device, requires_grad=True)
+    v = torch.randn(1, 1, 3, 32, device=device, requires_grad=True)
+    qp = torch.tensor([0, 50, 51, 100], device=device)
+    kp = torch.tensor([10, 49, 99], device=device)
+    out, lse = msa.attention(q, k, v, "window=2,causal=false", q_pos=qp, k_pos=kp, return_lse=True)
+    empty = torch.tensor([True, False, True, False], device=device)   # 0 and 51 have no key within 1
+    assert torch.equal(torch.isneginf(lse[0, 0]), empty) and (out[0, 0, empty] == 0).all()
+    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert (dq[0, 0, empty] == 0).all() and torch.isfinite(dq).all()
+    assert (dk[0, 0, 0] == 0).all() and (dv[0, 0, 0] == 0).all()   # key 10 is seen by nobody
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+def _qkv(b=1, hq=2, hkv=1, n=20, nk=None, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    nk = n if nk is None else nk
+    return (torch.randn(b, hq, n, 32, generator=g).to(device), torch.randn(b, hkv, nk, 32, generator=g).to(device),
+            torch.randn(b, hkv, nk, 32, generator=g).to(device))
+
+
+@pytest.mark.parametrize("kw,err,frag", [
+    (dict(cu_seqlens=torch.tensor([0, 5, 20])), TypeError, "int32"),
+    (dict(cu_seqlens=[0, 5, 20]), TypeError, "torch.Tensor"),
+    (dict(cu_seqlens=torch.tensor([0, 12, 5, 20], dtype=torch.int32)), ValueError, "non-decreasing"),
+    (dict(cu_seqlens=torch.tensor([1, 5, 20], dtype=torch.int32)), ValueError, "start at 0"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 19], dtype=torch.int32)), ValueError, "end at N=20"),
+    (dict(cu_seqlens=torch.tensor([0, 25, 20], dtype=torch.int32)), ValueError, "past N=20"),
+    (dict(cu_seqlens=torch.tensor([[0, 20]], dtype=torch.int32)), ValueError, "num_docs"),
+    (dict(cu_seqlens=torch.tensor([0], dtype=torch.int32)), ValueError, "num_docs"),
+    (dict(q_pos=torch.arange(20)), ValueError, "together"),
+    (dict(q_pos=torch.arange(20).float(), k_pos=torch.arange(20)), TypeError, "int32 or int64"),
+    (dict(q_pos=torch.arange(19), k_pos=torch.arange(20)), ValueError, "q_pos must have shape"),
+    (dict(q_pos=torch.arange(20).expand(3, 20), k_pos=torch.arange(20)), ValueError, "q_pos must have shape"),
+    (dict(q_pos=torch.arange(20).flip(0), k_pos=torch.arange(20)), ValueError, "non-decreasing"),
+    (dict(q_pos=torch.arange(20) - 1, k_pos=torch.arange(20)), ValueError, "q_pos values"),
+    (dict(q_bucket=torch.zeros(20, dtype=torch.int32)), ValueError, "together"),
+    (dict(q_bucket=torch.tensor([1, 0] * 10), k_bucket=torch.zeros(20, dtype=torch.int32)), ValueError, "sorted"),
+    (dict(q_bucket=torch.zeros(20, dtype=torch.int32), k_bucket=torch.zeros(20, dtype=torch.int32),
+          cu_seqlens=torch.tensor([0, 20], dtype=torch.int32)), ValueError, "cannot be combined"),
+    (dict(block_indices=torch.zeros(1, 1, 1, 1, dtype=torch.int32)), ValueError, "no topk"),
+])
+def test_errors(kw, err, frag):
+    q, k, v = _qkv()
+    with pytest.raises(err, match=frag):
+        msa.attention(q, k, v, "window=4", **kw)
+    if "cu_seqlens" in kw or "block_indices" in kw:   # the oracle checks the same things
+        with pytest.raises(err, match=frag):
+            msa.mask("window=4", 20, 2, **kw)
+
+
+def test_topk_errors():
+    q, k, v = _qkv(n=40)
+    with pytest.raises(ValueError, match="needs block_indices"):
+        msa.attention(q, k, v, "topk=2,block=16")
+    with pytest.raises(ValueError, match=r"\(1, 1, 3, 2\)"):
+        msa.attention(q, k, v, "topk=2,block=16", block_indices=torch.zeros(1, 1, 3, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_indices values"):
+        msa.attention(q, k, v, "topk=2,block=16", block_indices=torch.full((1, 1, 3, 2), 3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="block_indices"):
+        msa.attention(q, k, v, "topk=2,block=16", block_indices=torch.zeros(1, 1, 3, 2))
+    with pytest.raises(ValueError, match="same topk and block"):
+        msa.attention(q, k, v, "0-0:topk=2,block=16;1-1:topk=3,block=16",
+                      block_indices=torch.zeros(1, 1, 3, 2, dtype=torch.int32))
+
+
+def test_batch_and_length_errors():
+    q, k, v = _qkv(b=2)
+    with pytest.raises(ValueError, match="batch size 1"):
+        msa.attention(q, k, v, cu_seqlens=torch.tensor([0, 20], dtype=torch.int32))
+    q, k, v = _qkv(n=20, nk=30)
+    with pytest.raises(ValueError, match="q_pos and k_pos"):
+        msa.attention(q, k, v)
+    with pytest.raises(ValueError, match="random=R needs"):
+        msa.attention(q, k, v, "random=1,block=16", q_pos=torch.arange(20), k_pos=torch.arange(30))
+
+
+def test_plain_pattern_kernels_unchanged():
+    """Run-time inputs add nothing to a plain pattern's plan (same key, same source)."""
+    from msa_codegen import codegen
+    from msa_codegen.lowering import lower
+    for p in ["window=40,dilation=2,sink=4", "causal=false,global=3,random=2,block=64", "causal"]:
+        spec = msa.parse(p).groups[0].spec
+        plan = lower(spec)
+        assert set(plan.as_dict()) == {"causal", "dense", "has_window", "window", "dilation", "sink", "glob",
+                                       "prefix", "random", "rblock"}
+        src = codegen.render(plan, "fwd") + codegen.render(plan, "bwd")
+        for word in ("QPOS", "_lower_bound", "TOPK", "stride_tb"):
+            assert word not in src
