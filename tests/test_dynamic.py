@@ -478,3 +478,16 @@ def test_plain_pattern_kernels_unchanged():
         src = codegen.render(plan, "fwd") + codegen.render(plan, "bwd")
         for word in ("QPOS", "_lower_bound", "TOPK", "stride_tb"):
             assert word not in src
+
+
+def test_cu_seqlens_fp16(device):
+    check_dynamic("window=24,dilation=2,sink=4", b=1, hq=4, hkv=2, nq=220, d=64, dtype=torch.float16,
+                  device=device, make=docs_inputs(90))
+
+
+@pytest.mark.parametrize("kind", ["docs", "pos"])
+def test_head_groups_gqa_split(kind, device):
+    """Head groups (one KV head split across two groups) with run-time inputs, per-head positions."""
+    pattern = "0-0:window=8;1-2:sink=4,window=3,dilation=2;3-3:causal=false,window=5"
+    make = docs_inputs(40) if kind == "docs" else pos_inputs()
+    check_dynamic(pattern, b=1, hq=4, hkv=2, nq=100, device=device, make=make)
