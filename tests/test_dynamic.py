@@ -491,3 +491,42 @@ def test_head_groups_gqa_split(kind, device):
     pattern = "0-0:window=8;1-2:sink=4,window=3,dilation=2;3-3:causal=false,window=5"
     make = docs_inputs(40) if kind == "docs" else pos_inputs()
     check_dynamic(pattern, b=1, hq=4, hkv=2, nq=100, device=device, make=make)
+
+
+def test_skipped_blocks_are_never_read(device):
+    """Keys no query can see hold NaN: a kernel that visited their blocks would return NaN (0 * NaN).
+
+    Checks that position ranges, bucket ranges and the top-k table really skip blocks.
+    """
+    cfg = LaunchConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 4, 1, 16, 16, 4, 1))
+    g = torch.Generator().manual_seed(0)
+    d = 32
+
+    def run(pattern, nq, nk, bad, **kw):
+        q = torch.randn(1, 1, nq, d, generator=g).to(device).requires_grad_()
+        k = torch.randn(1, 1, nk, d, generator=g)
+        v = torch.randn(1, 1, nk, d, generator=g)
+        k[:, :, bad] = float("nan")
+        v[:, :, bad] = float("nan")
+        k, v = k.to(device).requires_grad_(), v.to(device).requires_grad_()
+        with use_config(cfg):
+            out = msa.attention(q, k, v, pattern, **kw)
+            dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+        good = torch.ones(nk, dtype=torch.bool)
+        good[bad] = False
+        assert torch.isfinite(out).all() and torch.isfinite(dq).all()
+        assert torch.isfinite(dk[:, :, good]).all() and torch.isfinite(dv[:, :, good]).all()
+
+    # positions: 96 keys near 0, 64 far away (rows 96..159), 96 near 10000; queries near both ends
+    kp = torch.cat([torch.arange(96), 5000 + torch.arange(64), 10000 + torch.arange(96)])
+    qp = torch.cat([torch.arange(80), 10000 + torch.arange(80)])
+    for pattern in ["window=16,sink=4", "causal=false,window=8,dilation=2"]:
+        run(pattern, 160, 256, slice(96, 160), q_pos=qp, k_pos=kp)
+    # buckets: keys of bucket 1 (rows 64..127) meet no query (queries have buckets 0 and 2)
+    kb = torch.cat([torch.zeros(64), torch.ones(64), torch.full((64,), 2)]).int()
+    qb = torch.cat([torch.zeros(48), torch.full((48,), 2)]).int()
+    run("causal=false", 96, 192, slice(64, 128), q_pos=torch.arange(96) * 2, k_pos=torch.arange(192), q_bucket=qb,
+        k_bucket=kb)
+    # top-k: key block 1 (rows 16..31 at block=16) is never chosen
+    idx = torch.tensor([[0, -1], [0, 0], [2, 0], [3, 2]], dtype=torch.int32).view(1, 1, 4, 2)
+    run("topk=2,block=16", 64, 64, slice(16, 32), block_indices=idx)
