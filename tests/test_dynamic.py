@@ -530,3 +530,17 @@ def test_skipped_blocks_are_never_read(device):
     # top-k: key block 1 (rows 16..31 at block=16) is never chosen
     idx = torch.tensor([[0, -1], [0, 0], [2, 0], [3, 2]], dtype=torch.int32).view(1, 1, 4, 2)
     run("topk=2,block=16", 64, 64, slice(16, 32), block_indices=idx)
+
+
+@pytest.mark.parametrize("name", ["docs-w4096", "hash8-8k", "qk-sparse-30", "topk16"])
+def test_bench_dynamic_cases_build(name):
+    """The benchmark cases build and run our side at a small size (peers need a GPU)."""
+    import dataclasses
+
+    from msa_codegen import bench_dynamic
+
+    case = dataclasses.replace([c for c in bench_dynamic.CASES if c.name == name][0], n=260, hq=2, hkv=2, d=32)
+    ours, peers, grads, note = bench_dynamic.build(case, "cpu", torch.float32)
+    out = ours()
+    assert torch.isfinite(out).all() and not peers and note
+    out.sum().backward()
