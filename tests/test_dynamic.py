@@ -544,3 +544,27 @@ def test_bench_dynamic_cases_build(name):
     out = ours()
     assert torch.isfinite(out).all() and not peers and note
     out.sum().backward()
+
+
+def test_torch_compile_and_opcheck(device):
+    """The run-time inputs pass through the custom op: torch.compile (with graph breaks at the
+    host-side value checks) gives the eager result, and opcheck accepts the extended schema."""
+    from msa_codegen.ops import attention_fwd_op
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 40, 32, generator=g).to(device).requires_grad_()
+    k = torch.randn(1, 1, 40, 32, generator=g).to(device).requires_grad_()
+    v = torch.randn(1, 1, 40, 32, generator=g).to(device).requires_grad_()
+    cu = torch.tensor([0, 7, 8, 40], dtype=torch.int32, device=device)
+
+    def loss(q, k, v):
+        return msa.attention(q, k, v, "window=8,sink=2", cu_seqlens=cu).square().sum()
+
+    got = torch.compile(loss, backend="aot_eager")(q, k, v)
+    assert torch.allclose(got, loss(q, k, v))
+    pos = torch.arange(24, dtype=torch.int32, device=device).view(1, 1, 24)
+    seg = torch.zeros(1, 1, 24, dtype=torch.int32, device=device)
+    q, k, v = (torch.randn(1, h, 24, 32, generator=g).to(device) for h in (2, 1, 1))
+    torch.library.opcheck(attention_fwd_op, (q, k, v, "window=8", 0.2, [], pos, pos, seg, seg, None),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration",
+                                      "test_aot_dispatch_dynamic"))
