@@ -13,6 +13,9 @@ import torch
 
 __all__ = ["select_blocks", "hash_sort"]
 
+#: scores held at once by select_blocks (its query blocks are processed in chunks)
+SCORE_ELEMS = 1 << 24
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -74,16 +77,19 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     nb = _cdiv(n, block)
     qm = _block_means(q, block).view(b, hkv, hq // hkv, nb, d).mean(2)   # (B, Hkv, nb, D)
     km = _block_means(k, block)                                        # (B, Hkv, nb, D)
-    score = qm @ km.transpose(-1, -2)                                  # (B, Hkv, nb, nb)
-    rows = torch.arange(nb, device=q.device)
-    if causal:
-        score = score.masked_fill(rows[None, :] > rows[:, None], float("-inf"))
-    score[..., rows, rows] = float("inf")   # the own block is always kept
     kk = min(topk, nb)
-    val, idx = score.topk(kk, dim=-1)
-    idx = torch.where(val == float("-inf"), -1, idx)
     out = torch.full((b, hkv, nb, topk), -1, dtype=torch.int32, device=q.device)
-    out[..., :kk] = idx.to(torch.int32)
+    cols = torch.arange(nb, device=q.device)
+    # query blocks in chunks: the scores stay O(chunk * nb) per head (N = 1M, block 128: nb = 8192)
+    chunk = max(1, min(nb, SCORE_ELEMS // max(1, b * hkv * nb)))
+    for r0 in range(0, nb, chunk):
+        rows = torch.arange(r0, min(nb, r0 + chunk), device=q.device)
+        score = qm[:, :, rows] @ km.transpose(-1, -2)                 # (B, Hkv, rows, nb)
+        if causal:
+            score = score.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+        score[..., torch.arange(len(rows), device=q.device), rows] = float("inf")   # the own block is always kept
+        val, idx = score.topk(kk, dim=-1)
+        out[:, :, rows, :kk] = torch.where(val == float("-inf"), -1, idx).to(torch.int32)
     return out
 
 

@@ -118,6 +118,16 @@ def test_select_blocks():
     assert (full >= 0).all() and torch.equal(full.sort(-1).values, own.expand(2, 2, nb, nb).to(torch.int32))
 
 
+def test_select_blocks_in_chunks(monkeypatch):
+    import msa_codegen.selection as sel
+
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 2, 300, 16, generator=gen), torch.randn(1, 2, 300, 16, generator=gen)
+    whole = msa.select_blocks(q, k, 4, block=16)
+    monkeypatch.setattr(sel, "SCORE_ELEMS", 50)
+    assert torch.equal(msa.select_blocks(q, k, 4, block=16), whole)
+
+
 def test_hash_sort_roundtrip():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 50, 16, generator=gen)
