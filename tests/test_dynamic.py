@@ -601,3 +601,12 @@ def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     r = subprocess.run([sys.executable, os.path.join(here, "aot_check.py"), pattern, *flags], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_repeated_positions(device):
+    """Non-decreasing (not strictly increasing) positions: several rows may share a position."""
+    def make(b, hq, hkv, nq, nk, gen):
+        return {"q_pos": torch.tensor(sorted(gen.randrange(60) for _ in range(nq))),
+                "k_pos": torch.tensor(sorted(gen.randrange(60) for _ in range(nk)))}
+    with use_config(SMALL_TILES[0]):
+        check_dynamic("window=5,sink=2", nq=90, nk=110, device=device, make=make)
