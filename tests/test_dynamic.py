@@ -610,3 +610,28 @@ def test_repeated_positions(device):
                 "k_pos": torch.tensor(sorted(gen.randrange(60) for _ in range(nk)))}
     with use_config(SMALL_TILES[0]):
         check_dynamic("window=5,sink=2", nq=90, nk=110, device=device, make=make)
+
+
+def test_merged_block_tables():
+    """Random + top-k table: each id once per row, and the CSR inverse lists exactly its choosers."""
+    from msa_codegen.tables import merged_block_tables
+
+    spec = msa.parse("random=2,seed=4,topk=3,block=16").groups[0].spec
+    gen = torch.Generator().manual_seed(2)
+    n = 150
+    nb = -(-n // 16)
+    idx = torch.randint(-1, nb, (2, 3, nb, 3), generator=gen, dtype=torch.int32)
+    idx[..., 2] = idx[..., 1]
+    table, offs, inv = merged_block_tables(spec, n, n, idx)
+    assert table.shape == (2, 3, nb, 5)
+    rtab = msa.tables.random_block_table_cpu(spec, n)
+    for b in range(2):
+        for h in range(3):
+            for qb in range(nb):
+                row = [x for x in table[b, h, qb].tolist() if x >= 0]
+                want = {x for x in idx[b, h, qb].tolist() + rtab[qb].tolist() if x >= 0}
+                assert sorted(row) == sorted(want)
+            for kb in range(nb):
+                o = (b * 3 + h) * nb + kb
+                got = inv[offs[o]:offs[o + 1]].tolist()
+                assert got == [qb for qb in range(nb) if kb in table[b, h, qb].tolist()]
