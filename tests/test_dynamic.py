@@ -635,3 +635,28 @@ def test_merged_block_tables():
                 o = (b * 3 + h) * nb + kb
                 got = inv[offs[o]:offs[o + 1]].tolist()
                 assert got == [qb for qb in range(nb) if kb in table[b, h, qb].tolist()]
+
+
+@pytest.mark.parametrize("kind,pattern", [
+    ("docs", "window=40,sink=3"),
+    ("docs", "causal"),
+    ("docs", "causal=false,window=30"),
+    ("docs", "causal=false"),
+    ("pos", "window=45"),
+    ("buckets", "causal=false,global=2,window=36"),
+], ids=["docs-window-sink", "docs-causal", "docs-bidir-window", "docs-bidir", "pos-window", "buckets-global"])
+def test_unmasked_interior_blocks(kind, pattern, device):
+    """Long segments and windows wider than the key blocks: the forward and dq skip the mask on
+    blocks that every row of a tile sees."""
+    def make(b, hq, hkv, nq, nk, gen):
+        if kind == "docs":
+            lens, left = [], nq
+            while left:
+                lens.append(min(left, gen.randint(50, 120)))
+                left -= lens[-1]
+            return {"cu_seqlens": torch.tensor([0] + lens).cumsum(0).to(torch.int32)}
+        if kind == "pos":
+            return pos_inputs(span=int(nq * 1.2))(b, hq, hkv, nq, nk, gen)
+        return bucket_inputs(2, with_pos=True)(b, hq, hkv, nq, nk, gen)
+    with use_config(SMALL_TILES[0]):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=240, device=device, make=make)
