@@ -14,6 +14,13 @@ that no pair is counted twice:
   R  random and top-k blocks (top-k: one table per batch and KV head), pairs no structured
      term already covers; duplicates within a table row are removed before the launch
 The key-centric kernel (dk, dv) runs the transposes of the same phases with the same owners.
+
+With run-time positions (``positional``: cu_seqlens, q_pos/k_pos, buckets; see dynamic.py) the
+kernels come from the _pos_* templates: tiles are plain row ranges, a tile's key (query) range
+is found by a 64-ary search over the sorted (segment, position) keys of the rows, and the
+phases are P (the sink/global columns of the tile's first segment), W (one contiguous range
+after it holding every other pair the structured terms show; blocks that every row sees run
+unmasked) and R (random / top-k blocks of rows). Dilation is then evaluated by the predicate.
 """
 from __future__ import annotations
 
