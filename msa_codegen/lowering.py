@@ -53,6 +53,7 @@ class KernelPlan:
     topk: int = 0              # slots of the top-k term: block_indices per (batch, KV head)
     positional: bool = False   # rows carry positions (cu_seqlens, q_pos/k_pos, buckets): no dilation tiles
     segments: bool = False     # rows carry segments (documents / buckets): visible only within one
+    classes: bool = False      # positions are row - document start (cu_seqlens): dilated tiles by row class
 
     @property
     def has_w_phase(self) -> bool:
@@ -74,11 +75,16 @@ class KernelPlan:
         return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.as_dict().items())
 
 
-_OPTIONAL_FIELDS = {"topk": 0, "positional": False, "segments": False}
+_OPTIONAL_FIELDS = {"topk": 0, "positional": False, "segments": False, "classes": False}
 
 
-def lower(spec: Spec, *, positional: bool = False, segments: bool = False) -> KernelPlan:
-    """The plan of one spec; ``positional`` / ``segments``: run-time positions / segments are given."""
+def lower(spec: Spec, *, positional: bool = False, segments: bool = False, classes: bool = False) -> KernelPlan:
+    """The plan of one spec; ``positional`` / ``segments``: run-time positions / segments are given.
+
+    ``classes``: the positions are the row minus its document's start (cu_seqlens), so a dilated
+    window's residue classes are residue classes of rows and the tiles can stay strided, as in
+    the plain kernels (global rows see whole documents across classes: not with ``global``).
+    """
     has_window = spec.window is not None
     window = min(spec.window, _WINDOW_CLAMP) if has_window else 0
     glob = 0 if spec.causal else spec.global_
@@ -96,6 +102,8 @@ def lower(spec: Spec, *, positional: bool = False, segments: bool = False) -> Ke
         topk=int(spec.topk),
         positional=bool(positional or segments),
         segments=bool(segments),
+        classes=bool(classes and (positional or segments) and has_window and spec.dilation > 1
+                     and not glob),
     )
     for name, value in plan.as_dict().items():
         if type(value) not in (int, bool):
