@@ -20,7 +20,10 @@ kernels come from the _pos_* templates: tiles are plain row ranges, a tile's key
 is found by a 64-ary search over the sorted (segment, position) keys of the rows, and the
 phases are P (the sink/global columns of the tile's first segment), W (one contiguous range
 after it holding every other pair the structured terms show; blocks that every row sees run
-unmasked) and R (random / top-k blocks of rows). Dilation is then evaluated by the predicate.
+unmasked) and R (random / top-k blocks of rows). Dilation is then evaluated by the predicate,
+except with cu_seqlens (``classes``): positions are rows minus the document start, so the tiles
+stay strided by row class as in the plain kernels, W covers the window band of the class and P
+the sink columns of every document a tile touches.
 """
 from __future__ import annotations
 

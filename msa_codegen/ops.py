@@ -35,8 +35,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _groups(pattern: str, num_heads: int, positional: bool = False, segments: bool = False):
-    return [(h0, h1, spec, lower(spec, positional=positional, segments=segments))
+def _groups(pattern: str, num_heads: int, positional: bool = False, segments: bool = False, classes: bool = False):
+    return [(h0, h1, spec, lower(spec, positional=positional, segments=segments, classes=classes))
             for h0, h1, spec in parse(pattern).head_groups(num_heads)]
 
 
@@ -84,7 +84,7 @@ def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
 
 
 def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None, q_seg=None,
-         k_seg=None, block_indices=None):
+         k_seg=None, block_indices=None, index_classes=False):
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -96,11 +96,12 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
         return o.zero_(), lse.fill_(float("-inf"))
     c = cfg.fwd
     positional = q_pos is not None
-    for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None):
+    for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices)
         if positional:
-            grid = (_cdiv(n, c.block_m), b * (h1 - h0))
+            tiles_dil = plan.dilation if plan.classes else 1
+            grid = (tiles_dil * _cdiv(_cdiv(n, tiles_dil), c.block_m), b * (h1 - h0))
             kern[grid](
                 q, k, v, o, lse, rtab, *tstr, *_pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk),
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
@@ -121,7 +122,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
 
 
 def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None,
-         q_seg=None, k_seg=None, block_indices=None):
+         q_seg=None, k_seg=None, block_indices=None, index_classes=False):
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -136,7 +137,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
     if dlse is not None:
         # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
         dlse = dlse.to(torch.float32).contiguous()
-    groups = _groups(pattern, hq, positional, q_seg is not None)
+    groups = _groups(pattern, hq, positional, q_seg is not None, index_classes)
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
     split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)
@@ -154,7 +155,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             h0, hs, n,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None,
         )
-        tiles_dil = 1 if positional else plan.dilation
+        tiles_dil = 1 if positional and not plan.classes else plan.dilation
         grid = (tiles_dil * _cdiv(_cdiv(n, tiles_dil), c.block_m2), b * hs)
         mod.msa_bwd_dq[grid](
             q, k, v, do, lse, delta, dq, rtab, *tstr, *pos,
@@ -176,7 +177,8 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                       num_warps=c.num_warps1, num_stages=c.num_stages1)
         if positional:
             # one key tile per program owns every key (no prefix tiles): see the positional template
-            mod.msa_bwd_dkdv[(_cdiv(nk, c.block_n1), b * hks)](
+            kdil = plan.dilation if plan.classes else 1
+            mod.msa_bwd_dkdv[(kdil * _cdiv(_cdiv(nk, kdil), c.block_n1), b * hks)](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale, **consts)
@@ -216,12 +218,14 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
 def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, scale: float,
                      config: list[int], q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
                      q_seg: torch.Tensor | None = None, k_seg: torch.Tensor | None = None,
-                     block_indices: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, pattern, scale, from_list(config), q_pos, k_pos, q_seg, k_seg, block_indices)
+                     block_indices: torch.Tensor | None = None,
+                     index_classes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, pattern, scale, from_list(config), q_pos, k_pos, q_seg, k_seg, block_indices, index_classes)
 
 
 @attention_fwd_op.register_fake
-def _(q, k, v, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None, block_indices=None):
+def _(q, k, v, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None, block_indices=None,
+      index_classes=False):
     b, hq, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, hq, n), dtype=torch.float32)
 
@@ -231,24 +235,26 @@ def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      lse: torch.Tensor, dlse: torch.Tensor | None, pattern: str, scale: float,
                      config: list[int], q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
                      q_seg: torch.Tensor | None = None, k_seg: torch.Tensor | None = None,
-                     block_indices: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     block_indices: torch.Tensor | None = None,
+                     index_classes: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _bwd(do, q, k, v, o, lse, dlse, pattern, scale, from_list(config), q_pos, k_pos, q_seg, k_seg,
-                block_indices)
+                block_indices, index_classes)
 
 
 @attention_bwd_op.register_fake
 def _(do, q, k, v, o, lse, dlse, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None,
-      block_indices=None):
+      block_indices=None, index_classes=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, pattern, scale, config, *dyn = inputs
-    dyn = dyn + [None] * (5 - len(dyn))
+    dyn = dyn + [None] * (6 - len(dyn))
+    dyn, classes = dyn[:5], bool(dyn[5])
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, *(t if t is not None else torch.empty(0) for t in dyn))
     ctx.has_dyn = [t is not None for t in dyn]
-    ctx.pattern, ctx.scale, ctx.config = pattern, scale, config
+    ctx.pattern, ctx.scale, ctx.config, ctx.classes = pattern, scale, config, classes
 
 
 def _backward(ctx, do, dlse):
@@ -256,9 +262,10 @@ def _backward(ctx, do, dlse):
     dyn = [t if has else None for t, has in zip(dyn, ctx.has_dyn)]
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config, *dyn)
+    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config, *dyn,
+                                  ctx.classes)
     # no gradient into positions, segments or block indices
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("msa_codegen::attention_fwd", _backward, setup_context=_setup_context)
@@ -374,6 +381,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     check_sorted(dyn)
     if dyn.positional and nq != nk and any(s.random for _, _, s in groups):
         raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
+    # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
     out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg,
-                                dyn.block_indices)
+                                dyn.block_indices, cu_seqlens is not None)
     return (out, lse) if return_lse else out

@@ -1,7 +1,7 @@
 """Compile a plan's generated kernels for an sm_90 GPU without a GPU (Triton's bundled ptxas).
 
 Run as a script in a process without TRITON_INTERPRET: ``python aot_check.py PATTERN FLAGS...``
-(FLAGS: ``positional``, ``segments``). The interpreter accepts code that the GPU compiler
+(FLAGS: ``positional``, ``segments``, ``classes``). The interpreter accepts code that the GPU compiler
 rejects (loop-carried types, scalar/tensor mixing); this catches it on machines without CUDA.
 """
 import sys
@@ -40,7 +40,8 @@ def compile_kernel(kern, dtype="bf16"):
 
 
 def main(pattern, *flags):
-    plan = lower(parse(pattern).groups[0].spec, positional="positional" in flags, segments="segments" in flags)
+    plan = lower(parse(pattern).groups[0].spec, positional="positional" in flags, segments="segments" in flags,
+                 classes="classes" in flags)
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
     for kern in (fwd.msa_fwd, bwd.msa_bwd_pre, bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
         compile_kernel(kern)

@@ -584,7 +584,9 @@ def test_torch_compile_and_opcheck(device):
     ("window=8,dilation=2,sink=4,random=2,topk=3,block=64", ("positional", "segments")),
     ("causal=false,global=3,window=5", ("positional",)),
     ("causal=false,sink=2,topk=4,block=64", ()),
-], ids=["pos-seg-all-terms", "pos-bidir-global", "plain-topk"])
+    ("window=8,dilation=2,sink=4,random=2,topk=3,block=64", ("positional", "segments", "classes")),
+    ("causal=false,window=8,dilation=3,sink=4", ("positional", "segments", "classes")),
+], ids=["pos-seg-all-terms", "pos-bidir-global", "plain-topk", "docs-classes-all", "docs-classes-bidir"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed."""
     import os
@@ -660,3 +662,20 @@ def test_unmasked_interior_blocks(kind, pattern, device):
         return bucket_inputs(2, with_pos=True)(b, hq, hkv, nq, nk, gen)
     with use_config(SMALL_TILES[0]):
         check_dynamic(pattern, b=1, hq=2, hkv=1, nq=240, device=device, make=make)
+
+
+@pytest.mark.parametrize("pattern", [
+    "causal=false,window=5,dilation=3,sink=4",
+    "window=7,dilation=2,sink=2,topk=2,block=16",
+    "causal=false,window=6,dilation=3,random=2,block=16",
+])
+def test_cu_seqlens_dilated_class_tiles(pattern, device):
+    """cu_seqlens with dilation: strided tiles of row classes (sinks of every document, random and
+    top-k blocks on top), small tiles so that tiles cross many documents."""
+    def make(b, hq, hkv, nq, nk, gen):
+        out = docs_inputs(45)(b, hq, hkv, nq, nk, gen)
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    with use_config(SMALL_TILES[1]):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=200, device=device, make=make)
