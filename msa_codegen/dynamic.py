@@ -19,9 +19,10 @@ inside one segment; the pattern's element predicate is evaluated on the position
 block-granular terms (``random``, ``topk``) are blocks of tensor rows (``row // block``), not
 of positions: the blocks ``block_indices`` names are blocks of the tensors as passed.
 
-The kernels skip blocks by binary search over (segment, position) keys, so they need the rows
-sorted by (segment, position) along the sequence; ``check_sorted`` says so when they are not.
-The dense oracle needs no order.
+The kernels find each tile's key (query) range by a search over the (segment, position) keys,
+so they need the rows sorted by (segment, position) along the sequence; ``check_sorted`` says
+so when they are not. The dense oracle needs no order. The values are checked on the host (a
+few syncs), so under torch.compile the call breaks the graph before the custom op.
 """
 from __future__ import annotations
 
