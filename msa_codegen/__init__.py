@@ -8,10 +8,11 @@ __version__ = "0.1.0"
 from .spec import Pattern, PatternError, Spec, parse  # noqa: E402
 from .reference import mask, reference_attention  # noqa: E402
 from .ops import attention  # noqa: E402
+from .selection import hash_sort, select_blocks  # noqa: E402
 from .config import BwdConfig, FwdConfig, LaunchConfig, use_config  # noqa: E402
 from .cache import explain  # noqa: E402
 
 __all__ = [
-    "attention", "parse", "mask", "reference_attention", "Pattern", "PatternError", "Spec",
+    "attention", "parse", "mask", "reference_attention", "select_blocks", "hash_sort", "Pattern", "PatternError", "Spec",
     "LaunchConfig", "FwdConfig", "BwdConfig", "use_config", "explain", "__version__",
 ]

@@ -11,8 +11,19 @@ that no pair is counted twice:
   P  rows i >= global, keys j < prefix = max(sink, global): the sink/global columns
   W  rows i >= global, keys j >= prefix of the query's dilation class: the window band
      (dense patterns: the whole causal triangle / full rows)
-  R  random blocks, pairs no structured term already covers
+  R  random and top-k blocks (top-k: one table per batch and KV head), pairs no structured
+     term already covers; duplicates within a table row are removed before the launch
 The key-centric kernel (dk, dv) runs the transposes of the same phases with the same owners.
+
+With run-time positions (``positional``: cu_seqlens, q_pos/k_pos, buckets; see dynamic.py) the
+kernels come from the _pos_* templates: tiles are plain row ranges, a tile's key (query) range
+is found by a 64-ary search over the sorted (segment, position) keys of the rows, and the
+phases are P (the sink/global columns of the tile's first segment), W (one contiguous range
+after it holding every other pair the structured terms show; blocks that every row sees run
+unmasked) and R (random / top-k blocks of rows). Dilation is then evaluated by the predicate,
+except with cu_seqlens (``classes``): positions are rows minus the document start, so the tiles
+stay strided by row class as in the plain kernels, W covers the window band of the class and P
+the sink columns of every document a tile touches.
 """
 from __future__ import annotations
 
@@ -40,13 +51,23 @@ class KernelPlan:
     prefix: int          # keys j < prefix are owned by the P phase
     random: int
     rblock: int
+    # Fields below exist only for run-time sparsity (issue 5); at their defaults they are left out
+    # of as_dict(), so a plain pattern's plan key and rendered source do not change.
+    topk: int = 0              # slots of the top-k term: block_indices per (batch, KV head)
+    positional: bool = False   # rows carry positions (cu_seqlens, q_pos/k_pos, buckets): no dilation tiles
+    segments: bool = False     # rows carry segments (documents / buckets): visible only within one
+    classes: bool = False      # positions are row - document start (cu_seqlens): dilated tiles by row class
 
     @property
     def has_w_phase(self) -> bool:
         return self.dense or self.has_window
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for name, default in _OPTIONAL_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     def key(self) -> str:
         """Stable short hash of the plan (part of the rendered file name)."""
@@ -57,7 +78,16 @@ class KernelPlan:
         return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.as_dict().items())
 
 
-def lower(spec: Spec) -> KernelPlan:
+_OPTIONAL_FIELDS = {"topk": 0, "positional": False, "segments": False, "classes": False}
+
+
+def lower(spec: Spec, *, positional: bool = False, segments: bool = False, classes: bool = False) -> KernelPlan:
+    """The plan of one spec; ``positional`` / ``segments``: run-time positions / segments are given.
+
+    ``classes``: the positions are the row minus its document's start (cu_seqlens), so a dilated
+    window's residue classes are residue classes of rows and the tiles can stay strided, as in
+    the plain kernels (global rows see whole documents across classes: not with ``global``).
+    """
     has_window = spec.window is not None
     window = min(spec.window, _WINDOW_CLAMP) if has_window else 0
     glob = 0 if spec.causal else spec.global_
@@ -71,7 +101,12 @@ def lower(spec: Spec) -> KernelPlan:
         glob=int(glob),
         prefix=int(max(spec.sink, glob)),
         random=int(spec.random),
-        rblock=int(spec.block) if spec.random else 1,
+        rblock=int(spec.block) if spec.random or spec.topk else 1,
+        topk=int(spec.topk),
+        positional=bool(positional or segments),
+        segments=bool(segments),
+        classes=bool(classes and (positional or segments) and has_window and spec.dilation > 1
+                     and not glob),
     )
     for name, value in plan.as_dict().items():
         if type(value) not in (int, bool):

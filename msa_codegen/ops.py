@@ -14,8 +14,9 @@ import torch
 from . import codegen
 from .config import LaunchConfig, current_config_list, from_list
 from .lowering import MAX_SEQLEN, lower
+from .dynamic import check_sorted, resolve
 from .spec import Pattern, Spec, parse
-from .tables import random_tables
+from .tables import merged_block_tables, random_tables
 
 LOG2E = 1.4426950408889634
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -34,8 +35,9 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _groups(pattern: str, num_heads: int):
-    return [(h0, h1, spec, lower(spec)) for h0, h1, spec in parse(pattern).head_groups(num_heads)]
+def _groups(pattern: str, num_heads: int, positional: bool = False, segments: bool = False, classes: bool = False):
+    return [(h0, h1, spec, lower(spec, positional=positional, segments=segments, classes=classes))
+            for h0, h1, spec in parse(pattern).head_groups(num_heads)]
 
 
 PREFIX_CHUNK_ROWS = 8192
@@ -57,27 +59,60 @@ def _dummy(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
 
-def _tables(spec: Spec, n: int, device):
+def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=None):
+    """(table, inverse offsets, inverse query blocks, table strides, offset strides).
+
+    The strides exist only in the kernels of a top-k plan (per batch and KV head tables).
+    """
+    if spec.topk:
+        table, offs, inv = merged_block_tables(spec, n, n if nk is None else nk, block_indices)
+        nkb = _cdiv(n if nk is None else nk, spec.block)
+        return table, offs, inv, (table.stride(0), table.stride(1)), (table.shape[1] * nkb, nkb)
     if spec.random:
-        return random_tables(spec, n, device)
+        return (*random_tables(spec, n, device), (), ())
     d = _dummy(device)
-    return d, d, d
+    return d, d, d, (), ()
 
 
-def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig):
+def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
+    """Kernel arguments of the positional kernels: the four row tensors and their (B, H, N) strides."""
+    qp = q_pos.expand(b, hq, nq)
+    kp = k_pos.expand(b, hkv, nk)
+    qs = qp if q_seg is None else q_seg.expand(b, hq, nq)
+    ks = kp if k_seg is None else k_seg.expand(b, hkv, nk)
+    return (qp, kp, qs, ks, *qp.stride(), *kp.stride(), *qs.stride(), *ks.stride())
+
+
+def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None, q_seg=None,
+         k_seg=None, block_indices=None, index_classes=False):
     b, hq, n, d = q.shape
-    group = hq // k.shape[1]
+    hkv, nk = k.shape[1], k.shape[2]
+    group = hq // hkv
     o = torch.empty_like(q)
     lse = torch.empty((b, hq, n), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
+    if nk == 0:   # nothing to see
+        return o.zero_(), lse.fill_(float("-inf"))
     c = cfg.fwd
-    for h0, h1, spec, plan in _groups(pattern, hq):
+    positional = q_pos is not None
+    for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
-        rtab, _, _ = _tables(spec, n, q.device)
+        rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices)
+        if positional:
+            tiles_dil = plan.dilation if plan.classes else 1
+            grid = (tiles_dil * _cdiv(_cdiv(n, tiles_dil), c.block_m), b * (h1 - h0))
+            kern[grid](
+                q, k, v, o, lse, rtab, *tstr, *_pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk),
+                *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
+                h0, h1 - h0, group, n, nk, scale * LOG2E,
+                HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                DOT_PREC=_dot_precision(q.dtype), num_warps=c.num_warps, num_stages=c.num_stages,
+            )
+            continue
         grid = (plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_m), b * (h1 - h0))
         kern[grid](
-            q, k, v, o, lse, rtab,
+            q, k, v, o, lse, rtab, *tstr,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
             h0, h1 - h0, group, n, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
@@ -86,13 +121,15 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig):
     return o, lse
 
 
-def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfig):
+def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None,
+         q_seg=None, k_seg=None, block_indices=None, index_classes=False):
     b, hq, n, d = q.shape
-    hkv = k.shape[1]
+    hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if q.numel() == 0:
-        return dq, dk.zero_(), dv.zero_()
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    positional = q_pos is not None
     c = cfg.bwd
     bd = _block_d(d)
     prec = _dot_precision(q.dtype)
@@ -100,7 +137,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
     if dlse is not None:
         # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
         dlse = dlse.to(torch.float32).contiguous()
-    groups = _groups(pattern, hq)
+    groups = _groups(pattern, hq, positional, q_seg is not None, index_classes)
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
     split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)
@@ -109,7 +146,8 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         dv_acc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     for h0, h1, spec, plan in groups:
         mod = codegen.load(plan, "bwd")
-        rtab, roff, rinv = _tables(spec, n, q.device)
+        rtab, roff, rinv, tstr, rstr = _tables(spec, n, q.device, nk, block_indices)
+        pos = _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk) if positional else ()
         hs = h1 - h0
         mod.msa_bwd_pre[(_cdiv(n, 64), b * hs)](
             o, do, dlse if dlse is not None else lse, delta,
@@ -117,17 +155,18 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             h0, hs, n,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None,
         )
-        grid = (plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_m2), b * hs)
+        tiles_dil = 1 if positional and not plan.classes else plan.dilation
+        grid = (tiles_dil * _cdiv(_cdiv(n, tiles_dil), c.block_m2), b * hs)
         mod.msa_bwd_dq[grid](
-            q, k, v, do, lse, delta, dq, rtab,
+            q, k, v, do, lse, delta, dq, rtab, *tstr, *pos,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
-            h0, hs, group, n, scale * LOG2E, scale,
+            h0, hs, group, n, *((nk,) if positional else ()), scale * LOG2E, scale,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec,
             num_warps=c.num_warps2, num_stages=c.num_stages2,
         )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
         if split:
-            dk_out = torch.empty((b, hk1 - hk0, n, d), dtype=torch.float32, device=k.device)
+            dk_out = torch.empty((b, hk1 - hk0, nk, d), dtype=torch.float32, device=k.device)
             dv_out = torch.empty_like(dk_out)
             kv_off = hk0
         else:
@@ -136,20 +175,28 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         common = (q, k, v, do, lse, delta)
         consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
                       num_warps=c.num_warps1, num_stages=c.num_stages1)
-        n_tiles = plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_n1)
-        mod.msa_bwd_dkdv[(n_tiles, b * hks)](
-            *common, dk_out, dv_out, rtab, roff, rinv,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
-            lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
-            PREFIX_TILES=False, **consts)
-        if plan.prefix:
+        if positional:
+            # one key tile per program owns every key (no prefix tiles): see the positional template
+            kdil = plan.dilation if plan.classes else 1
+            mod.msa_bwd_dkdv[(kdil * _cdiv(_cdiv(nk, kdil), c.block_n1), b * hks)](
+                *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
+                lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale, **consts)
+        else:
+            n_tiles = plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_n1)
+            mod.msa_bwd_dkdv[(n_tiles, b * hks)](
+                *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
+                lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
+                PREFIX_TILES=False, **consts)
+        if plan.prefix and not positional:
             p = min(plan.prefix, n)
             chunk = _prefix_chunk(n, p, b * hks * d, c.block_m1)
             n_chunks = _cdiv(n, chunk)
             part_k = torch.empty((n_chunks, b, hks, p, d), dtype=torch.float32, device=q.device)
             part_v = torch.empty_like(part_k)
             mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * hks)](
-                *common, part_k, part_v, rtab, roff, rinv,
+                *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
                 PREFIX_TILES=True, **consts)
@@ -169,12 +216,16 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
 
 @torch.library.custom_op("msa_codegen::attention_fwd", mutates_args=())
 def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, scale: float,
-                     config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, pattern, scale, from_list(config))
+                     config: list[int], q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
+                     q_seg: torch.Tensor | None = None, k_seg: torch.Tensor | None = None,
+                     block_indices: torch.Tensor | None = None,
+                     index_classes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, pattern, scale, from_list(config), q_pos, k_pos, q_seg, k_seg, block_indices, index_classes)
 
 
 @attention_fwd_op.register_fake
-def _(q, k, v, pattern, scale, config):
+def _(q, k, v, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None, block_indices=None,
+      index_classes=False):
     b, hq, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, hq, n), dtype=torch.float32)
 
@@ -182,28 +233,39 @@ def _(q, k, v, pattern, scale, config):
 @torch.library.custom_op("msa_codegen::attention_bwd", mutates_args=())
 def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                      lse: torch.Tensor, dlse: torch.Tensor | None, pattern: str, scale: float,
-                     config: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd(do, q, k, v, o, lse, dlse, pattern, scale, from_list(config))
+                     config: list[int], q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
+                     q_seg: torch.Tensor | None = None, k_seg: torch.Tensor | None = None,
+                     block_indices: torch.Tensor | None = None,
+                     index_classes: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd(do, q, k, v, o, lse, dlse, pattern, scale, from_list(config), q_pos, k_pos, q_seg, k_seg,
+                block_indices, index_classes)
 
 
 @attention_bwd_op.register_fake
-def _(do, q, k, v, o, lse, dlse, pattern, scale, config):
+def _(do, q, k, v, o, lse, dlse, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None,
+      block_indices=None, index_classes=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, pattern, scale, config = inputs
+    q, k, v, pattern, scale, config, *dyn = inputs
+    dyn = dyn + [None] * (6 - len(dyn))
+    dyn, classes = dyn[:5], bool(dyn[5])
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.pattern, ctx.scale, ctx.config = pattern, scale, config
+    ctx.save_for_backward(q, k, v, o, lse, *(t if t is not None else torch.empty(0) for t in dyn))
+    ctx.has_dyn = [t is not None for t in dyn]
+    ctx.pattern, ctx.scale, ctx.config, ctx.classes = pattern, scale, config, classes
 
 
 def _backward(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
+    q, k, v, o, lse, *dyn = ctx.saved_tensors
+    dyn = [t if has else None for t, has in zip(dyn, ctx.has_dyn)]
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config, *dyn,
+                                  ctx.classes)
+    # no gradient into positions, segments or block indices
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("msa_codegen::attention_fwd", _backward, setup_context=_setup_context)
@@ -211,7 +273,7 @@ torch.library.register_autograd("msa_codegen::attention_fwd", _backward, setup_c
 
 # ---- public API ---------------------------------------------------------------------------
 
-def _check_inputs(q, k, v, scale):
+def _check_inputs(q, k, v, scale, lengths_may_differ=False):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -229,16 +291,17 @@ def _check_inputs(q, k, v, scale):
     bk, hkv, nk, dk = k.shape
     if bk != b:
         raise ValueError(f"batch mismatch: q has B={b}, k and v have B={bk}")
-    if nk != n:
-        raise ValueError(f"sequence length mismatch: q has N={n}, k and v have N={nk}")
+    if nk != n and not lengths_may_differ:
+        raise ValueError(f"sequence length mismatch: q has N={n}, k and v have N={nk} "
+                         f"(different lengths need q_pos and k_pos)")
     if dk != d:
         raise ValueError(f"head dim mismatch: q has D={d}, k and v have D={dk}")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
     if not 16 <= d <= 256:
         raise ValueError(f"head dim must be between 16 and 256, got {d}")
-    if n > MAX_SEQLEN:
-        raise ValueError(f"sequence length must be at most {MAX_SEQLEN}, got {n}")
+    if max(n, nk) > MAX_SEQLEN:
+        raise ValueError(f"sequence length must be at most {MAX_SEQLEN}, got {max(n, nk)}")
     if q.device.type == "cpu":
         if not codegen.interpreting():
             raise ValueError(
@@ -255,7 +318,8 @@ def _check_inputs(q, k, v, scale):
 
 
 def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None = None,
-              return_lse: bool = False, deterministic: bool = True, autotune: bool = False):
+              return_lse: bool = False, deterministic: bool = True, cu_seqlens=None, q_pos=None, k_pos=None,
+              q_bucket=None, k_bucket=None, block_indices=None, autotune: bool = False):
     """Sparse attention through a pattern, with autograd.
 
     Args:
@@ -273,6 +337,28 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             the user database (``msa_codegen.tuner.auto``). Default off: tuning never happens
             implicitly.
 
+    Run-time sparsity (each composes with any pattern; no gradient flows into them; see
+    ``msa_codegen.dynamic`` for the exact semantics):
+        cu_seqlens: int32 ``(num_docs + 1,)`` offsets of packed documents along N (B must be 1),
+            from 0 to N, non-decreasing. Tokens see only their own document; the pattern's
+            positions restart at every document (``sink=4``: each document's first 4 tokens)::
+
+                cu_seqlens = [0, 3, 5], "causal"      k: 0 1 2 3 4
+                                                q 0:  x . . . .
+                                                q 1:  x x . . .
+                                                q 2:  x x x . .
+                                                q 3:  . . . x .
+                                                q 4:  . . . x x
+        q_pos, k_pos: int32/int64 ``(B, Hq, Nq)`` / ``(B, Hkv, Nk)`` or broadcastable (``(Nq,)``):
+            original positions of compacted rows; the pattern is evaluated on them and Nq may
+            differ from Nk. Non-decreasing along the sequence (blocks are skipped by position
+            ranges).
+        q_bucket, k_bucket: int32/int64, shaped like the positions: a query sees a key only when
+            their buckets are equal. Rows sorted by (bucket, position) (``hash_sort`` does it).
+        block_indices: int32 ``(B, Hkv, ceil(Nq / block), K)`` key-block ids per query block and
+            KV head for the pattern term ``topk=K`` (-1 unused, any order, duplicates allowed);
+            ``select_blocks`` computes them. Blocks are blocks of rows of the tensors as passed.
+
     Returns:
         the output ``(B, Hq, N, D)`` in q's dtype and layout (and the LSE). A query that sees no
         key gets a zero row and LSE ``-inf``, and its gradients are zero.
@@ -282,15 +368,33 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         out = msa_codegen.attention(q, k, v, "window=4096,dilation=2,sink=64")
         out.sum().backward()
     """
-    _check_inputs(q, k, v, scale)
+    _check_inputs(q, k, v, scale, lengths_may_differ=q_pos is not None)
     pat = parse(pattern)
-    pat.head_groups(q.shape[1])   # raises ValueError when the groups do not cover every query head
+    groups = pat.head_groups(q.shape[1])   # raises ValueError when the groups do not cover every query head
     d = q.shape[-1]
     scale = float(d ** -0.5 if scale is None else scale)
+    kw = dict(cu_seqlens=cu_seqlens, q_pos=q_pos, k_pos=k_pos, q_bucket=q_bucket, k_bucket=k_bucket,
+              block_indices=block_indices)
+    dynamic = any(t is not None for t in kw.values()) or any(spec.topk for _, _, spec in groups)
     if autotune:
+        if dynamic:
+            raise ValueError("autotune=True tunes a pattern's own kernels; with run-time sparsity (cu_seqlens, "
+                             "positions, buckets, topk) the kernels depend on the data: tune the plain pattern "
+                             "(msa-tune --pattern ...) and call without autotune")
         from .tuner.auto import ensure_tuned
 
         ensure_tuned(q, k, str(pat))
     cfg = current_config_list(q.device, d, q.dtype, str(pat), q.shape[1] // k.shape[1], q.shape[2])
-    out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg)
+    if not dynamic:
+        out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg)
+        return (out, lse) if return_lse else out
+    b, hq, nq, _ = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    dyn = resolve(groups, b, hq, hkv, nq, nk, q.device, **kw)
+    check_sorted(dyn)
+    if dyn.positional and nq != nk and any(s.random for _, _, s in groups):
+        raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
+    # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
+    out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg,
+                                dyn.block_indices, cu_seqlens is not None)
     return (out, lse) if return_lse else out

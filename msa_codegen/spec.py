@@ -29,11 +29,11 @@ __all__ = ["PatternError", "Spec", "HeadGroup", "Pattern", "parse", "MAX_VALUE",
 MAX_VALUE = 2**31 - 1
 
 #: Every term the grammar knows, in canonical order.
-KNOWN_TERMS = ("causal", "window", "dilation", "sink", "global", "random", "seed", "block")
+KNOWN_TERMS = ("causal", "window", "dilation", "sink", "global", "random", "seed", "topk", "block")
 
 _DEFAULT_BLOCK = 128
 _DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: no sign, '_', unicode digits, ...
-_POSITIVE_TERMS = ("window", "dilation", "sink", "global", "random", "block")
+_POSITIVE_TERMS = ("window", "dilation", "sink", "global", "random", "topk", "block")
 
 
 class PatternError(ValueError):
@@ -74,6 +74,8 @@ class Spec:
     random: int = 0
     seed: int = 0
     block: int = _DEFAULT_BLOCK
+    # top-k block selection: K key blocks per query block, given at call time (block_indices)
+    topk: int = 0
 
     def __post_init__(self) -> None:
         # Direct construction obeys the same rules as the grammar, so a Spec is always
@@ -88,21 +90,23 @@ class Spec:
         _check_int("random", self.random, 0)
         _check_int("seed", self.seed, 0)
         _check_int("block", self.block, 1)
+        _check_int("topk", self.topk, 0)
         if self.dilation != 1 and self.window is None:
             raise PatternError(f"Spec.dilation={self.dilation} needs a window (dilation is the stride of the window)")
         if self.global_ and self.causal:
             raise PatternError(f"Spec.global_={self.global_}: global is bidirectional only, needs causal=False")
         if self.seed and not self.random:
             raise PatternError(f"Spec.seed={self.seed} needs random > 0 (seed only seeds the random term)")
-        if self.block != _DEFAULT_BLOCK and not self.random:
+        if self.block != _DEFAULT_BLOCK and not (self.random or self.topk):
             raise PatternError(
-                f"Spec.block={self.block} needs random > 0 (block only sizes block-granular terms)"
+                f"Spec.block={self.block} needs random > 0 or topk > 0 (block only sizes block-granular terms)"
             )
 
     @property
     def dense(self) -> bool:
         """True iff the spec has no locality term (plain causal or bidirectional attention)."""
-        return self.window is None and self.sink == 0 and self.global_ == 0 and self.random == 0
+        return (self.window is None and self.sink == 0 and self.global_ == 0 and self.random == 0
+                and self.topk == 0)
 
     def __str__(self) -> str:
         terms: list[str] = []
@@ -120,8 +124,10 @@ class Spec:
             terms.append(f"random={self.random}")
             if self.seed:
                 terms.append(f"seed={self.seed}")
-            if self.block != _DEFAULT_BLOCK:
-                terms.append(f"block={self.block}")
+        if self.topk:
+            terms.append(f"topk={self.topk}")
+        if (self.random or self.topk) and self.block != _DEFAULT_BLOCK:
+            terms.append(f"block={self.block}")
         return ",".join(terms) if terms else "causal"
 
 
@@ -294,7 +300,11 @@ def _parse_terms(text: str, context: str) -> Spec:
 
     need("dilation", "window", "dilation needs a window term (dilation is the stride of the window)")
     need("seed", "random", "seed needs a random term (seed only seeds the random blocks)")
-    need("block", "random", "block needs a random term (block only sizes block-granular terms)")
+    if "block" in seen and "random" not in seen and "topk" not in seen:
+        raise PatternError(
+            f"term {_q(seen['block'])} in {context}: block needs a random or topk term "
+            f"(block only sizes block-granular terms)"
+        )
     if "global" in seen and values.get("causal", True):
         raise PatternError(
             f"term {_q(seen['global'])} in {context}: global is bidirectional only, add causal=false"
@@ -308,6 +318,7 @@ def _parse_terms(text: str, context: str) -> Spec:
         random=int(values.get("random", 0)),
         seed=int(values.get("seed", 0)),
         block=int(values.get("block", _DEFAULT_BLOCK)),
+        topk=int(values.get("topk", 0)),
     )
 
 

@@ -81,3 +81,39 @@ def random_block_mask(spec: Spec, seqlen: int) -> torch.Tensor:
     out = torch.zeros((nb, nb + 1), dtype=torch.bool)
     out.scatter_(1, torch.where(table >= 0, table, nb), True)
     return out[:, :nb]
+
+
+def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tensor):
+    """The random + top-k block tables of one spec, per batch and KV head, built on the device.
+
+    ``block_indices`` int32 ``(B, Hkv, ceil(nq / block), K)`` (-1 unused, any order, duplicates
+    allowed). Returns ``(table, offsets, inverse)``: ``table`` int32 ``(B, Hkv, nqb, R + K)``, each
+    row sorted with every repeated id replaced by -1 (so the kernels never count a pair twice);
+    ``offsets`` int32 ``(B, Hkv, nkb + 1)`` and ``inverse`` int32: for key block kb of (b, hk), the
+    query blocks that chose it are ``inverse[offsets[b, hk, kb]:offsets[b, hk, kb + 1]]``
+    (offsets are global into ``inverse``). O(B * Hkv * nqb * (R + K)); no host sync.
+    """
+    b, hkv, nqb, _ = block_indices.shape
+    nkb = _cdiv(nk, spec.block)
+    dev = block_indices.device
+    table = block_indices.to(torch.int32)
+    if spec.random:
+        rtab = random_tables(spec, nq, dev)[0]
+        table = torch.cat([rtab.expand(b, hkv, nqb, spec.random), table], dim=-1)
+    table = table.sort(dim=-1).values
+    dup = torch.zeros_like(table, dtype=torch.bool)
+    dup[..., 1:] = table[..., 1:] == table[..., :-1]
+    table = table.masked_fill(dup, -1).contiguous()
+    slots = table.shape[-1]
+    nbh = b * hkv
+    bh = torch.arange(nbh, device=dev).view(nbh, 1, 1).expand(nbh, nqb, slots).reshape(-1)
+    qb = torch.arange(nqb, device=dev).view(1, nqb, 1).expand(nbh, nqb, slots).reshape(-1)
+    kb = table.reshape(-1).to(torch.int64)
+    total = nbh * nkb
+    key = torch.where(kb >= 0, bh * nkb + kb, total)      # unused slots sort last
+    order = torch.argsort(key * nqb + qb)
+    inverse = qb[order].to(torch.int32)
+    counts = torch.bincount(key, minlength=total + 1)[:total]
+    offsets = torch.zeros(total + 1, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return table, offsets.to(torch.int32), inverse

@@ -135,7 +135,7 @@ INVALID = [
     ("empty-group", "0-3:window=4;;4-7:sink=1", "empty head group"),
     ("empty-group-terms", "0-7:", "empty term list"),
     ("unknown-term", "windw=4", "windw"),
-    ("unknown-lists-known", "topk=4", "known terms: causal, window, dilation"),
+    ("unknown-lists-known", "topq=4", "known terms: causal, window, dilation"),
     ("uppercase-term", "Window=4", "Window"),
     ("duplicate", "window=4,window=8", "window=8"),
     ("duplicate-causal", "causal,causal=false", "causal=false"),

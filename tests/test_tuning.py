@@ -453,6 +453,9 @@ def test_autotune_tunes_a_missing_key_once_and_attention_runs_it(tmp_home, capsy
     out.sum().backward()
     assert capsys.readouterr().err == ""
     assert rel_err(out, msa.reference_attention(q, k, v, PATTERN)) < 1e-4
+    # run-time sparsity makes the kernels data-dependent: autotune refuses it clearly
+    with pytest.raises(ValueError, match="autotune=True tunes a pattern's own kernels"):
+        msa.attention(q, k, v, PATTERN, autotune=True, cu_seqlens=torch.tensor([0, 10, 40], dtype=torch.int32))
     # a key is attempted once per process, whatever happened
     assert auto.ensure_tuned(q[:, :, :30], k[:, :, :30], "window=4", trials=1) != []
     assert auto.ensure_tuned(q[:, :, :30], k[:, :, :30], "window=4", trials=1) == []

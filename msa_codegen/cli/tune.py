@@ -133,6 +133,9 @@ def run(args) -> int:
     if heads < 1 or kv_heads < 1 or heads % kv_heads:
         raise UsageError(f"--heads must be a positive multiple of --kv-heads, got {heads} and {kv_heads}")
     pat.head_groups(heads)                         # the head groups must cover --heads
+    if any(g.spec.topk for g in pat.groups):
+        raise UsageError("--pattern: topk=K selects blocks from run-time data (block_indices); tune the "
+                         "pattern without topk, whose launch configuration the top-k kernels use")
     if not 16 <= args.head_dim <= 256:
         raise UsageError(f"--head-dim must be between 16 and 256, got {args.head_dim}")
     seqlens = _seqlens(args.seqlen) if args.seqlen else list(GPU_SEQLENS if cuda else CPU_SEQLENS)

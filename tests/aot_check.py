@@ -1,0 +1,52 @@
+"""Compile a plan's generated kernels for an sm_90 GPU without a GPU (Triton's bundled ptxas).
+
+Run as a script in a process without TRITON_INTERPRET: ``python aot_check.py PATTERN FLAGS...``
+(FLAGS: ``positional``, ``segments``, ``classes``). The interpreter accepts code that the GPU compiler
+rejects (loop-carried types, scalar/tensor mixing); this catches it on machines without CUDA.
+"""
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from msa_codegen import codegen
+from msa_codegen.lowering import lower
+from msa_codegen.spec import parse
+
+_INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
+_FP32_PTRS = ("LSE", "DELTA", "DLSE", "DK", "DV")
+_INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK")
+_CONSTS = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32", PREFIX_TILES=False, HAS_DLSE=False)
+
+
+def compile_kernel(kern, dtype="bf16"):
+    sig, consts = {}, {}
+    for idx, name in enumerate(kern.arg_names):
+        if kern.params[idx].is_constexpr:
+            sig[name] = "constexpr"
+            consts[(idx,)] = _CONSTS[name]
+        elif name in _INTS or name.startswith("stride_"):
+            sig[name] = "i32"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        elif name in _INT_PTRS:
+            sig[name] = "*i32"
+        elif name in _FP32_PTRS:
+            sig[name] = "*fp32"
+        else:
+            sig[name] = "*" + dtype
+    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+
+
+def main(pattern, *flags):
+    plan = lower(parse(pattern).groups[0].spec, positional="positional" in flags, segments="segments" in flags,
+                 classes="classes" in flags)
+    fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
+    for kern in (fwd.msa_fwd, bwd.msa_bwd_pre, bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
+        compile_kernel(kern)
+    print("compiled", pattern, *flags)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
