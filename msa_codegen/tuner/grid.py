@@ -130,16 +130,11 @@ def _dtype(flag: str) -> torch.dtype:
 
 
 def export_rows(src: Path, dst: Path) -> int:
-    """A fresh database at ``dst`` holding the tuning rows of ``src`` only."""
-    from ..cache.db import TuningDB
+    """A fresh database at ``dst`` fit to ship: the tuning rows of ``src`` only (no Optuna
+    studies), rollback-journal mode (``cache.db.write_shipped_copy``)."""
+    from ..cache.db import write_shipped_copy
 
-    with TuningDB(src) as a:
-        rows = a.rows()
-    if dst.exists():
-        dst.unlink()
-    with TuningDB(dst) as b:
-        b.put_many(rows)
-    return len(rows)
+    return write_shipped_copy(src, dst)
 
 
 def run(db_path: Path, shard: tuple[int, int], budget_s: float, trials: dict[str, int], limit: int | None) -> int:
