@@ -20,9 +20,6 @@ import argparse
 import csv
 import dataclasses
 import datetime
-import math
-import os
-import platform
 import shlex
 import sys
 import time
@@ -287,20 +284,25 @@ def _dense_extrapolation(case: Case, ours, dtype) -> dict:
         return dict(impl="sdpa-dense-extrapolated", status=f"failed: {type(e).__name__}: {e}"[:200])
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="msa-bench", description=__doc__.split("\n\n")[0])
+def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=None) -> int:
+    """The command of a benchmark module: pick cases, run them, print rows, append the CSV.
+
+    ``run_case(case, reps_ms)`` returns row dicts, ``fmt(row)`` prints one, ``describe(case)``
+    heads a case, ``summary(rows)`` (optional) prints a table at the end.
+    """
+    ap = argparse.ArgumentParser(prog=prog, description=sys.modules[run_case.__module__].__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): "
-                    + ",".join(c.name for c in CASES))
+                    + ",".join(c.name for c in cases))
     ap.add_argument("--reps-ms", type=int, default=400, help="timing budget per measurement in ms (default 400)")
     ap.add_argument("--csv", default="benchmarks/results.csv", help="CSV to append to (default benchmarks/results.csv)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("msa-bench: needs a CUDA GPU", file=sys.stderr)
+        print(f"{prog}: needs a CUDA GPU", file=sys.stderr)
         return 2
     wanted = None if args.cases == "all" else set(args.cases.split(","))
-    unknown = (wanted or set()) - {c.name for c in CASES}
+    unknown = (wanted or set()) - {c.name for c in cases}
     if unknown:
-        print(f"msa-bench: unknown case(s) {sorted(unknown)}; known: {[c.name for c in CASES]}", file=sys.stderr)
+        print(f"{prog}: unknown case(s) {sorted(unknown)}; known: {[c.name for c in cases]}", file=sys.stderr)
         return 2
     import triton
 
@@ -308,15 +310,14 @@ def main(argv=None):
                 gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 msa_codegen=__version__, command=" ".join(shlex.quote(a) for a in sys.argv))
     all_rows = []
-    for case in CASES:
+    for case in cases:
         if wanted and case.name not in wanted:
             continue
-        print(f"[{case.name}] {case.pattern} H={case.hq}/{case.hkv} N={case.n} D={case.d}", flush=True)
-        rows = run_case(case, args.reps_ms)
-        for r in rows:
+        print(f"[{case.name}] {describe(case)}", flush=True)
+        for r in run_case(case, args.reps_ms):
             r.update(meta)
-            print("   ", _fmt(r), flush=True)
-        all_rows += rows
+            print("   ", fmt(r), flush=True)
+            all_rows.append(r)
     path = Path(args.csv)
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
@@ -326,8 +327,14 @@ def main(argv=None):
             w.writeheader()
         for r in all_rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items() if k in CSV_FIELDS})
-    print("\n" + table(all_rows))
+    if summary is not None:
+        print("\n" + summary(all_rows))
     return 0
+
+
+def main(argv=None):
+    return bench_main("msa-bench", CASES, run_case, _fmt,
+                      lambda c: f"{c.pattern} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv, summary=table)
 
 
 def _fmt(r) -> str:

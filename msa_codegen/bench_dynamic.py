@@ -13,20 +13,14 @@ counted here). Preprocessing (hash_sort, select_blocks, compaction) is outside t
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import dataclasses
-import datetime
 import random
-import shlex
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from . import __version__
-from .bench import CSV_FIELDS, _peak, _rel, _time
+from .bench import _peak, _rel, _time, bench_main
 
 
 @dataclasses.dataclass
@@ -232,44 +226,8 @@ def _fmt(r) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m msa_codegen.bench_dynamic", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): "
-                    + ",".join(c.name for c in CASES))
-    ap.add_argument("--reps-ms", type=int, default=400, help="timing budget per measurement in ms (default 400)")
-    ap.add_argument("--csv", default="benchmarks/results.csv", help="CSV to append to (default benchmarks/results.csv)")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_dynamic: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    wanted = None if args.cases == "all" else set(args.cases.split(","))
-    unknown = (wanted or set()) - {c.name for c in CASES}
-    if unknown:
-        print(f"bench_dynamic: unknown case(s) {sorted(unknown)}; known: {[c.name for c in CASES]}", file=sys.stderr)
-        return 2
-    import triton
-
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                msa_codegen=__version__, command=" ".join(shlex.quote(a) for a in sys.argv))
-    all_rows = []
-    for case in CASES:
-        if wanted and case.name not in wanted:
-            continue
-        print(f"[{case.name}] {case.kind} {case.pattern} H={case.hq}/{case.hkv} N={case.n} D={case.d}", flush=True)
-        for r in run_case(case, args.reps_ms):
-            r.update(meta)
-            print("   ", _fmt(r), flush=True)
-            all_rows.append(r)
-    path = Path(args.csv)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        if new:
-            w.writeheader()
-        for r in all_rows:
-            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items() if k in CSV_FIELDS})
-    return 0
+    return bench_main("python -m msa_codegen.bench_dynamic", CASES, run_case, _fmt,
+                      lambda c: f"{c.kind} {c.pattern} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv)
 
 
 if __name__ == "__main__":
