@@ -91,6 +91,17 @@ def _values_in(name: str, t: torch.Tensor, lo: int, hi: int) -> None:
         raise ValueError(f"{name} values must lie in {lo}..{hi}, got min {int(t.min())}, max {int(t.max())}")
 
 
+def _row_pair(what: str, q_rows, k_rows, limit: int, b, hq, hkv, nq, nk, device):
+    """``q_<what>`` / ``k_<what>`` checked, broadcast to (B, H, N) and made int32."""
+    out = []
+    for side, t, h, n, hname in (("q", q_rows, hq, nq, "Hq"), ("k", k_rows, hkv, nk, "Hkv")):
+        name = f"{side}_{what}"
+        x = _broadcast(name, _check_int_tensor(name, t, device), b, h, n, hname)
+        _values_in(name, x, 0, limit)
+        out.append(x.to(torch.int32))
+    return tuple(out)
+
+
 def resolve(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *, cu_seqlens=None,
             q_pos=None, k_pos=None, q_bucket=None, k_bucket=None, block_indices=None) -> Dynamic:
     """Validate the run-time inputs against the shapes and the pattern's head groups.
@@ -135,23 +146,15 @@ def resolve(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *,
         dyn.q_seg = dyn.k_seg = doc.to(torch.int32).view(1, 1, nq)
         given.append("cu_seqlens")
     if q_pos is not None:
-        qp = _broadcast("q_pos", _check_int_tensor("q_pos", q_pos, device), b, hq, nq, "Hq")
-        kp = _broadcast("k_pos", _check_int_tensor("k_pos", k_pos, device), b, hkv, nk, "Hkv")
-        _values_in("q_pos", qp, 0, MAX_POSITION)
-        _values_in("k_pos", kp, 0, MAX_POSITION)
-        dyn.q_pos, dyn.k_pos = qp.to(torch.int32), kp.to(torch.int32)
+        dyn.q_pos, dyn.k_pos = _row_pair("pos", q_pos, k_pos, MAX_POSITION, b, hq, hkv, nq, nk, device)
         given.append("q_pos/k_pos")
     elif nq != nk:
         raise ValueError(f"q has N={nq} rows but k and v have N={nk}: different lengths need q_pos and k_pos")
     if q_bucket is not None:
-        qb = _broadcast("q_bucket", _check_int_tensor("q_bucket", q_bucket, device), b, hq, nq, "Hq")
-        kb = _broadcast("k_bucket", _check_int_tensor("k_bucket", k_bucket, device), b, hkv, nk, "Hkv")
-        _values_in("q_bucket", qb, 0, MAX_BUCKET)
-        _values_in("k_bucket", kb, 0, MAX_BUCKET)
-        dyn.q_seg, dyn.k_seg = qb.to(torch.int32), kb.to(torch.int32)
+        dyn.q_seg, dyn.k_seg = _row_pair("bucket", q_bucket, k_bucket, MAX_BUCKET, b, hq, hkv, nq, nk, device)
         if dyn.q_pos is None:
-            dyn.q_pos = torch.arange(nq, device=qb.device, dtype=torch.int32).view(1, 1, nq)
-            dyn.k_pos = torch.arange(nk, device=kb.device, dtype=torch.int32).view(1, 1, nk)
+            dyn.q_pos = torch.arange(nq, device=dyn.q_seg.device, dtype=torch.int32).view(1, 1, nq)
+            dyn.k_pos = torch.arange(nk, device=dyn.k_seg.device, dtype=torch.int32).view(1, 1, nk)
         given.append("q_bucket/k_bucket")
 
     topk_specs = [s for _, _, s in groups if s.topk]
