@@ -41,14 +41,6 @@ _OUR_TABLES = frozenset(Base.metadata.tables)
 
 
 
-def _safe_hash(hash_of, pattern: str) -> str | None:
-    """The running kernel hash of a stored pattern; None when it no longer parses (stale)."""
-    try:
-        return hash_of(pattern)
-    except ValueError:
-        return None
-
-
 class SchemaError(RuntimeError):
     """The file is not a tuning database this version can use (foreign, newer, unmigratable)."""
 
@@ -367,20 +359,21 @@ class TuningDB:
                         setattr(old, c, row[c])
         return len(rows)
 
-    def clear(self, *, only_stale_for: tuple[str, Callable[[str], str]] | None = None) -> int:
-        """Delete every row (or, with ``only_stale_for=(triton_version, kernel_hash_of)``, the
-        rows of another Triton version or whose kernels changed: ``kernel_hash_of(pattern)`` is
-        the running hash of a row's pattern). Returns how many."""
+    def clear(self, *, stale_only: bool = False) -> int:
+        """Delete every row (or, with ``stale_only``, the rows that do not run on this
+        installation: another Triton version or changed kernels, ``keys.is_current``). Returns
+        how many."""
         self._need_writable()
         if not self.has_schema:
             return 0
         stmt = delete(TuningRow)
-        if only_stale_for is not None:
-            tv, hash_of = only_stale_for
+        if stale_only:
+            from .keys import is_current
+
             with Session(self.engine) as s:
                 keys = s.execute(select(TuningRow.id, TuningRow.pattern, TuningRow.triton_version,
                                         TuningRow.template_hash)).all()
-            stale = [i for i, pattern, rtv, rth in keys if rtv != tv or rth != _safe_hash(hash_of, pattern)]
+            stale = [i for i, pattern, rtv, rth in keys if not is_current(pattern, rtv, rth)]
             if not stale:
                 return 0
             stmt = stmt.where(TuningRow.id.in_(stale))

@@ -37,6 +37,11 @@ def dtype_name(dtype) -> str:
     return name
 
 
+def torch_dtype(dtype) -> torch.dtype:
+    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16`` (see ``dtype_name``)."""
+    return getattr(torch, dtype_name(dtype))
+
+
 def canonical_pattern(pattern) -> str:
     from ..spec import parse
 
@@ -58,6 +63,17 @@ def template_hash(pattern) -> str:
     from ..codegen import kernel_hash
 
     return kernel_hash(canonical_pattern(pattern))
+
+
+def is_current(pattern: str, triton: str, kernels: str) -> bool:
+    """Whether a stored row (its pattern, Triton version and kernel hash) runs on this
+    installation: same Triton, same generated kernels. A pattern that no longer parses is not."""
+    if triton != triton_version():
+        return False
+    try:
+        return kernels == template_hash(pattern)
+    except ValueError:
+        return False
 
 
 def library_version() -> str:

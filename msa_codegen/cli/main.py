@@ -77,7 +77,7 @@ def _launch_header(pat, args) -> str:
 
     import torch
 
-    from msa_codegen.cache.keys import DTYPES
+    from msa_codegen.cache.keys import DTYPES, torch_dtype
     from msa_codegen.config import default_config, lookup_config
 
     d = args.head_dim
@@ -85,7 +85,7 @@ def _launch_header(pat, args) -> str:
         raise ValueError(f"--head-dim must be between 16 and 256, got {d}")
     if args.seqlen < 1:
         raise ValueError(f"--seqlen must be >= 1, got {args.seqlen}")
-    dtype = getattr(torch, DTYPES[args.dtype])
+    dtype = torch_dtype(args.dtype)
     block_d = max(16, 1 << (d - 1).bit_length())
     prec = "ieee" if dtype == torch.float32 else "tf32"
     if torch.cuda.is_available():
@@ -223,19 +223,9 @@ def _open_db(path, mode="rw"):
     return open_db(path, mode=mode)
 
 
-def _running_hash(pattern: str) -> str | None:
-    """The kernel hash of a stored pattern with the running templates (None: no longer parses)."""
-    from msa_codegen.cache.keys import template_hash
-
-    try:
-        return template_hash(pattern)
-    except ValueError:
-        return None
-
-
 def cmd_db_list(args) -> int:
     from msa_codegen.cache import shipped_db_path, user_db_path
-    from msa_codegen.cache.keys import triton_version
+    from msa_codegen.cache.keys import is_current, triton_version
 
     path = shipped_db_path() if args.shipped else user_db_path(args.db)
     label = "shipped db" if args.shipped else "user db"
@@ -251,7 +241,7 @@ def cmd_db_list(args) -> int:
     table = [("gpu", "cap", "pattern", "dir", "dtype", "D", "g", "bucket", "config", "ms", "TF/s", "trials",
               "date", "")]
     for r in rows:
-        stale = r["triton_version"] != triton_version() or r["template_hash"] != _running_hash(r["pattern"])
+        stale = not is_current(r["pattern"], r["triton_version"], r["template_hash"])
         table.append((r["gpu"], r["capability"], r["pattern"], r["direction"], r["dtype"], str(r["head_dim"]),
                       str(r["gqa_group"]), str(r["bucket"]), ",".join(str(v) for v in r["config"].values()),
                       f"{r['median_ms']:.4g}", f"{r['tflops']:.3g}" if r["tflops"] is not None else "-",
@@ -304,18 +294,18 @@ def cmd_db_import(args) -> int:
     return 0
 
 
-def _study_is_current(name: str, tv: str) -> bool:
+def _study_is_current(name: str) -> bool:
     """Whether a tuner study (``TuningKey.study_name``) is of the running Triton and kernels."""
-    parts = name.split("|")
+    from msa_codegen.cache.keys import is_current
+
+    parts = name.split("|")   # the pattern is the 4th field; the last two are the versions
     if len(parts) < 4:
         return False
-    # the pattern (4th field) may itself hold '|'-free text only; the last two are versions
-    return parts[-2] == f"triton-{tv}" and parts[-1] == _running_hash(parts[3])
+    return parts[-2].startswith("triton-") and is_current(parts[3], parts[-2][len("triton-"):], parts[-1])
 
 
 def cmd_db_clear(args) -> int:
     from msa_codegen.cache import user_db_path
-    from msa_codegen.cache.keys import triton_version
 
     path = user_db_path(args.db)
     if not path.exists():
@@ -324,7 +314,7 @@ def cmd_db_clear(args) -> int:
     import sqlalchemy
 
     with _open_db(path) as db:
-        n = db.clear(only_stale_for=(triton_version(), _running_hash) if args.stale else None)
+        n = db.clear(stale_only=args.stale)
         has_studies = "studies" in sqlalchemy.inspect(db.engine).get_table_names()
     studies = 0
     if has_studies:   # the tuner's Optuna studies live in the same file
@@ -333,7 +323,7 @@ def cmd_db_clear(args) -> int:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         url = f"sqlite:///{path}"
         for name in optuna.get_all_study_names(storage=url):
-            if name.startswith("msa|") and not (args.stale and _study_is_current(name, triton_version())):
+            if name.startswith("msa|") and not (args.stale and _study_is_current(name)):
                 optuna.delete_study(study_name=name, storage=url)
                 studies += 1
     print(f"cleared {n} rows{f' and {studies} tuner studies' if studies else ''} from {path}")

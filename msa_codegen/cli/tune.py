@@ -122,6 +122,7 @@ def run(args) -> int:
 
     from .. import parse
     from ..cache import TuningKey, bucket, user_db_path
+    from ..cache.keys import torch_dtype
     from ..cache.db import open_db
     from ..lowering import MAX_SEQLEN
 
@@ -150,7 +151,7 @@ def run(args) -> int:
         print("note: Triton's interpreter has no correct bf16 dot (Triton 3.9); tuning fp16 instead "
               "(rows are stored as float16)")
         dtype_flag = "fp16"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_flag]
+    dtype = torch_dtype(dtype_flag)
     directions = ("fwd", "bwd") if args.direction == "both" else (args.direction,)
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ..cache.keys import DIRECTIONS, TuningKey, torch_dtype
+
 WINDOWS = (4096, 1024, 16384)
 DILATIONS = (1, 2, 4)
 SINKS = (0, 64)
@@ -109,24 +111,14 @@ def keys() -> list[Entry]:
     return out
 
 
-def _present(db_path: Path, gpu: str, cap: str, e: Entry) -> set[str]:
-    """Directions of an entry already stored for this GPU (running Triton and kernels)."""
+def _missing(db_path: Path, keys_: dict[str, TuningKey]) -> list[str]:
+    """Directions whose key has no row in the database yet (running Triton and kernels)."""
     from ..cache.db import TuningDB
-    from ..cache.keys import TuningKey
 
     if not db_path.exists():
-        return set()
-    have = set()
+        return list(keys_)
     with TuningDB(db_path) as db:
-        for direction in ("fwd", "bwd"):
-            k = TuningKey.current(gpu, cap, e.pattern, direction, _dtype(e.dtype), e.head_dim, e.group, e.seqlen)
-            if db.rows(**k.as_dict()):
-                have.add(direction)
-    return have
-
-
-def _dtype(flag: str) -> torch.dtype:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[flag]
+        return [d for d, k in keys_.items() if not db.rows(**k.as_dict())]
 
 
 def export_rows(src: Path, dst: Path) -> int:
@@ -139,7 +131,6 @@ def export_rows(src: Path, dst: Path) -> int:
 
 def run(db_path: Path, shard: tuple[int, int], budget_s: float, trials: dict[str, int], limit: int | None) -> int:
     from .. import gpu as _gpu
-    from ..cache.keys import TuningKey
     from . import tune
     from .measure import representative_problem
 
@@ -159,14 +150,16 @@ def run(db_path: Path, shard: tuple[int, int], budget_s: float, trials: dict[str
             print(f"[grid {i}/{n}] budget spent after {done} entries ({skipped} already stored); "
                   f"{len(mine) - idx} not started", flush=True)
             break
-        have = _present(db_path, gpu, cap, e)
-        todo = [d for d in ("fwd", "bwd") if d not in have]
+        entry_keys = {d: TuningKey.current(gpu, cap, e.pattern, d, torch_dtype(e.dtype), e.head_dim, e.group,
+                                           e.seqlen) for d in DIRECTIONS}
+        todo = _missing(db_path, entry_keys)
         if not todo:
             skipped += 1
             continue
-        problem = representative_problem(e.pattern, e.heads, e.kv_heads, e.seqlen, e.head_dim, _dtype(e.dtype), True)
+        problem = representative_problem(e.pattern, e.heads, e.kv_heads, e.seqlen, e.head_dim, torch_dtype(e.dtype),
+                                         True)
         for direction in todo:
-            key = TuningKey.current(gpu, cap, e.pattern, direction, _dtype(e.dtype), e.head_dim, e.group, e.seqlen)
+            key = entry_keys[direction]
             t1 = time.monotonic()
             try:
                 r = tune(problem, direction, key, db_path, trials=trials[direction], progress=False)

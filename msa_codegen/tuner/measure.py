@@ -36,6 +36,12 @@ class WrongResult(Exception):
     """A candidate ran but its result differs from the float64 reference."""
 
 
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message``: how a failed candidate is recorded (at most 500 chars)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:500]
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """The shape that is timed, and the key length it stands for."""

@@ -86,8 +86,9 @@ def _warm(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int, d
             torch.cuda.synchronize()
         return None
     except Exception as e:   # compile errors, out of resources: the candidate fails
-        text = str(e).strip()
-        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:500]
+        from .measure import error_line
+
+        return error_line(e)
 
 
 def compile_all(problem, direction: str, configs: list, n_workers: int | None = None) -> list[str | None]:

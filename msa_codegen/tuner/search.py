@@ -32,7 +32,7 @@ import torch
 from ..cache.keys import TuningKey, library_version
 from ..config import LaunchConfig, default_config
 from . import space as _space
-from .measure import Bench, Problem, WrongResult, median_iqr
+from .measure import Bench, Problem, WrongResult, error_line, median_iqr
 
 CONNECT_TIMEOUT_S = 120
 FINALISTS = 3
@@ -231,8 +231,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                     _fail(study, trial, f"wrong result: {e}", failures)
                     pruned += 1
                 except Exception as e:   # compile errors, out of resources, launch failures
-                    text = str(e).strip()
-                    _fail(study, trial, f"{type(e).__name__}: {text.splitlines()[0] if text else ''}", failures)
+                    _fail(study, trial, error_line(e), failures)
                     pruned += 1
                 else:
                     trial.set_user_attr("spread_ms", spread)
