@@ -55,6 +55,14 @@ def _prefix_chunk(n: int, prefix: int, row_elems: int, block_m: int) -> int:
     return _cdiv(chunk, block_m) * block_m
 
 
+def _seq_tiles(plan, n: int, block: int, positional: bool) -> int:
+    """Programs along a sequence of n rows: a tile of ``block`` rows of one residue class each.
+    Dilated plans stride their tiles by class; positional plans do so only with index classes
+    (``cu_seqlens``), otherwise their tiles are contiguous rows."""
+    classes = 1 if positional and not plan.classes else plan.dilation
+    return classes * _cdiv(_cdiv(n, classes), block)
+
+
 def _dummy(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
@@ -100,8 +108,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices)
         if positional:
-            tiles_dil = plan.dilation if plan.classes else 1
-            grid = (tiles_dil * _cdiv(_cdiv(n, tiles_dil), c.block_m), b * (h1 - h0))
+            grid = (_seq_tiles(plan, n, c.block_m, positional), b * (h1 - h0))
             kern[grid](
                 q, k, v, o, lse, rtab, *tstr, *_pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk),
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
@@ -110,7 +117,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
                 DOT_PREC=_dot_precision(q.dtype), num_warps=c.num_warps, num_stages=c.num_stages,
             )
             continue
-        grid = (plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_m), b * (h1 - h0))
+        grid = (_seq_tiles(plan, n, c.block_m, positional), b * (h1 - h0))
         kern[grid](
             q, k, v, o, lse, rtab, *tstr,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
@@ -155,8 +162,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             h0, hs, n,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None,
         )
-        tiles_dil = 1 if positional and not plan.classes else plan.dilation
-        grid = (tiles_dil * _cdiv(_cdiv(n, tiles_dil), c.block_m2), b * hs)
+        grid = (_seq_tiles(plan, n, c.block_m2, positional), b * hs)
         mod.msa_bwd_dq[grid](
             q, k, v, do, lse, delta, dq, rtab, *tstr, *pos,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
@@ -177,14 +183,12 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                       num_warps=c.num_warps1, num_stages=c.num_stages1)
         if positional:
             # one key tile per program owns every key (no prefix tiles): see the positional template
-            kdil = plan.dilation if plan.classes else 1
-            mod.msa_bwd_dkdv[(kdil * _cdiv(_cdiv(nk, kdil), c.block_n1), b * hks)](
+            mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * hks)](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale, **consts)
         else:
-            n_tiles = plan.dilation * _cdiv(_cdiv(n, plan.dilation), c.block_n1)
-            mod.msa_bwd_dkdv[(n_tiles, b * hks)](
+            mod.msa_bwd_dkdv[(_seq_tiles(plan, n, c.block_n1, positional), b * hks)](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,

@@ -79,6 +79,7 @@ def _launch_header(pat, args) -> str:
 
     from msa_codegen.cache.keys import DTYPES, torch_dtype
     from msa_codegen.config import default_config, lookup_config
+    from msa_codegen.ops import _block_d, _dot_precision
 
     d = args.head_dim
     if not 16 <= d <= 256:
@@ -86,8 +87,7 @@ def _launch_header(pat, args) -> str:
     if args.seqlen < 1:
         raise ValueError(f"--seqlen must be >= 1, got {args.seqlen}")
     dtype = torch_dtype(args.dtype)
-    block_d = max(16, 1 << (d - 1).bit_length())
-    prec = "ieee" if dtype == torch.float32 else "tf32"
+    block_d, prec = _block_d(d), _dot_precision(dtype)
     if torch.cuda.is_available():
         cfg, source = lookup_config(torch.device("cuda"), str(pat), d, dtype, 1, args.seqlen)
     else:

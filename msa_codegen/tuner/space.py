@@ -45,7 +45,9 @@ class Env:
 
     @property
     def block_d(self) -> int:
-        return max(16, 1 << (self.head_dim - 1).bit_length())
+        from ..ops import _block_d
+
+        return _block_d(self.head_dim)
 
     @property
     def esize(self) -> int:
