@@ -563,3 +563,25 @@ def test_precompiled_batches_run_in_workers_and_their_failures_are_pruned(tmp_ho
     failed = [t for t in study.trials if "failure" in t.user_attrs]
     assert failed and all("simulated" in t.user_attrs["failure"] and t.params["block_n"] == 16 for t in failed)
     assert all("spread_ms" not in t.user_attrs for t in failed)   # never timed
+
+
+def test_a_trial_another_process_finished_is_dropped_not_a_crash(tmp_home):
+    """Two processes sharing a study can be handed the same enqueued trial; the one that
+    reports second gets its result dropped (the study keeps the first), it does not crash."""
+    from msa_codegen.tuner.search import _fail, _settle, open_study
+
+    db = tmp_home / "tuning.db"
+    TuningDB(db).close()
+    study = open_study(_key("fwd"), db, seed=0)
+    study.enqueue_trial({"x": 1})
+    trial = study.ask()
+    other = open_study(_key("fwd"), db, seed=0)
+    other.tell(trial.number, 2.0)   # "another process" finishes it first
+    assert _settle(study, trial, 1.0, spread_ms=0.1) is False
+    failures = []
+    _fail(study, trial, "CompilationError: simulated", failures)   # no exception either
+    assert failures == ["CompilationError: simulated"]
+    (t,) = study.get_trials(deepcopy=False)
+    assert t.value == 2.0 and "spread_ms" not in t.user_attrs
+    trial2 = study.ask()
+    assert _settle(study, trial2, 3.0, spread_ms=0.2) is True

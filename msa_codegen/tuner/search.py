@@ -189,7 +189,10 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
             while len(batch) < min(batch_size, trials - counted) and attempts < max_attempts:
                 attempts += 1
                 trial = study.ask()
-                params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in knobs.items()}
+                try:
+                    params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in knobs.items()}
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue   # an enqueued trial another process took and finished
                 pk = _params_key(params)
                 is_default = pk == _params_key(default_params)
                 reason = None if is_default else _space.why_excluded(direction, params, env)
@@ -197,8 +200,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                     reason = "already measured in this study"
                 if reason is not None:
                     # pruned before compiling: costs nothing and is not counted as a trial
-                    trial.set_user_attr("excluded", reason)
-                    study.tell(trial, state=TrialState.PRUNED)
+                    _settle(study, trial, excluded=reason)
                     pruned += 1
                     misses += 1
                     if misses >= 5:
@@ -225,7 +227,6 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                 try:
                     err = bench.check(cfg)
                     checked_here.add(pk)
-                    trial.set_user_attr("check_error", err)
                     med, spread, _ = bench.time(cfg)
                 except WrongResult as e:
                     _fail(study, trial, f"wrong result: {e}", failures)
@@ -234,9 +235,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                     _fail(study, trial, error_line(e), failures)
                     pruned += 1
                 else:
-                    trial.set_user_attr("spread_ms", spread)
-                    trial.set_user_attr("meaningful", not interp)
-                    study.tell(trial, med)
+                    _settle(study, trial, med, check_error=err, spread_ms=spread, meaningful=not interp)
                     best = med if best is None else min(best, med)
                     if on_trial:
                         on_trial(counted, best)
@@ -297,12 +296,28 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                       meaningful=not interp)
 
 
-def _fail(study, trial, reason: str, failures: list[str]) -> None:
+def _settle(study, trial, value: float | None = None, **attrs) -> bool:
+    """Record a trial: its user attributes, then complete (``value``) or pruned (None). False
+    when another process sharing the study already finished it (two processes can be handed
+    the same enqueued trial): then this process's result is dropped, the study keeps theirs."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
+    try:
+        for name, v in attrs.items():
+            trial.set_user_attr(name, v)
+        if value is None:
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, value)
+    except UpdateFinishedTrialError:
+        return False
+    return True
+
+
+def _fail(study, trial, reason: str, failures: list[str]) -> None:
     reason = reason[:500]
-    trial.set_user_attr("failure", reason)
-    study.tell(trial, state=TrialState.PRUNED)
+    _settle(study, trial, failure=reason)
     failures.append(reason)
 
 
