@@ -23,10 +23,19 @@ The kernels find each tile's key (query) range by a search over the (segment, po
 so they need the rows sorted by (segment, position) along the sequence; ``check_sorted`` says
 so when they are not. The dense oracle needs no order. The values are checked on the host (a
 few syncs), so under torch.compile the call breaks the graph before the custom op.
+
+Those checks run once per tensor *version*: ``attention`` passes ``remember=True`` and a check
+that passed on a tensor is not repeated while the same tensor object keeps its version counter,
+data pointer, shape and strides (``_Checked``). A training step that hands one ``cu_seqlens`` to
+every layer syncs once, not once per layer and direction. In-place writes through torch bump
+the version and re-check; writes that bypass the counter (``t.data``, a custom kernel) are not
+seen. The derived tensors (document ids, int32 copies) are rebuilt every call, never cached.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import weakref
 
 import torch
 
@@ -58,6 +67,10 @@ class Dynamic:
     k_seg: torch.Tensor | None = None
     block_indices: torch.Tensor | None = None
     what: str = ""   # which inputs were given, for messages
+    #: the caller's position/bucket tensors per side, whose order ``check_sorted`` checks (empty
+    #: for cu_seqlens and for arange positions: sorted by construction)
+    q_sources: tuple = ()
+    k_sources: tuple = ()
 
     @property
     def positional(self) -> bool:
@@ -86,9 +99,53 @@ def _broadcast(name: str, t: torch.Tensor, b: int, h: int, n: int, hname: str) -
     return t3
 
 
+class _Checked:
+    """Checks that passed, keyed by (check, parameters, tensor identity and version); bounded LRU."""
+
+    SIZE = 64
+
+    def __init__(self):
+        self._seen: collections.OrderedDict = collections.OrderedDict()
+        self.enabled = False   # set by ``resolve(remember=...)`` for the duration of one call
+
+    @staticmethod
+    def _sig(t: torch.Tensor):
+        try:
+            version = t._version
+        except RuntimeError:   # inference-mode tensors keep no version counter: never remembered
+            return None
+        return (id(t), version, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+    def run(self, what: tuple, tensors: tuple, check) -> None:
+        """Call ``check()`` unless it already passed on exactly these tensor versions."""
+        key = None
+        if self.enabled and not torch.compiler.is_compiling():
+            sigs = tuple(self._sig(t) for t in tensors)
+            if None not in sigs:
+                key = (what, sigs)
+                refs = self._seen.get(key)
+                # id() can be reused by a new tensor once the old one is freed: the weakrefs say
+                if refs is not None and all(r() is t for r, t in zip(refs, tensors)):
+                    self._seen.move_to_end(key)
+                    return
+        check()
+        if key is not None:
+            self._seen[key] = tuple(weakref.ref(t) for t in tensors)
+            while len(self._seen) > self.SIZE:
+                self._seen.popitem(last=False)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+CHECKED = _Checked()
+
+
 def _values_in(name: str, t: torch.Tensor, lo: int, hi: int) -> None:
-    if t.numel() and (int(t.min()) < lo or int(t.max()) > hi):
-        raise ValueError(f"{name} values must lie in {lo}..{hi}, got min {int(t.min())}, max {int(t.max())}")
+    def check():
+        if t.numel() and (int(t.min()) < lo or int(t.max()) > hi):
+            raise ValueError(f"{name} values must lie in {lo}..{hi}, got min {int(t.min())}, max {int(t.max())}")
+    CHECKED.run(("range", name, lo, hi), (t,), check)
 
 
 def _row_pair(what: str, q_rows, k_rows, limit: int, b, hq, hkv, nq, nk, device):
@@ -97,7 +154,7 @@ def _row_pair(what: str, q_rows, k_rows, limit: int, b, hq, hkv, nq, nk, device)
     for side, t, h, n, hname in (("q", q_rows, hq, nq, "Hq"), ("k", k_rows, hkv, nk, "Hkv")):
         name = f"{side}_{what}"
         x = _broadcast(name, _check_int_tensor(name, t, device), b, h, n, hname)
-        _values_in(name, x, 0, limit)
+        _values_in(name, t, 0, limit)   # the caller's tensor, not the view: that is what is remembered
         out.append(x.to(torch.int32))
     return tuple(out)
 
@@ -131,14 +188,17 @@ def resolve(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *,
         if cu.dim() != 1 or cu.shape[0] < 2:
             raise ValueError(f"cu_seqlens must have shape (num_docs + 1,) with at least 2 entries, got {tuple(cu.shape)}")
         cu64 = cu.to(torch.int64)
-        if int(cu64[0]) != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {int(cu64[0])}")
-        if int(cu64.max()) > nq:
-            raise ValueError(f"cu_seqlens has offsets past N={nq} (max {int(cu64.max())})")
-        if int(cu64[-1]) != nq:
-            raise ValueError(f"cu_seqlens must end at N={nq}, got {int(cu64[-1])}")
-        if bool((cu64[1:] < cu64[:-1]).any()):
-            raise ValueError("cu_seqlens must be non-decreasing (sorted document offsets)")
+
+        def check_offsets():
+            if int(cu64[0]) != 0:
+                raise ValueError(f"cu_seqlens must start at 0, got {int(cu64[0])}")
+            if int(cu64.max()) > nq:
+                raise ValueError(f"cu_seqlens has offsets past N={nq} (max {int(cu64.max())})")
+            if int(cu64[-1]) != nq:
+                raise ValueError(f"cu_seqlens must end at N={nq}, got {int(cu64[-1])}")
+            if bool((cu64[1:] < cu64[:-1]).any()):
+                raise ValueError("cu_seqlens must be non-decreasing (sorted document offsets)")
+        CHECKED.run(("cu_seqlens", nq), (cu,), check_offsets)
         rows = torch.arange(nq, device=cu.device, dtype=torch.int64)
         doc = torch.searchsorted(cu64[1:], rows, right=True)   # document of each row
         pos = rows - cu64[doc]
@@ -147,11 +207,14 @@ def resolve(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *,
         given.append("cu_seqlens")
     if q_pos is not None:
         dyn.q_pos, dyn.k_pos = _row_pair("pos", q_pos, k_pos, MAX_POSITION, b, hq, hkv, nq, nk, device)
+        dyn.q_sources, dyn.k_sources = (q_pos,), (k_pos,)
         given.append("q_pos/k_pos")
     elif nq != nk:
         raise ValueError(f"q has N={nq} rows but k and v have N={nk}: different lengths need q_pos and k_pos")
     if q_bucket is not None:
         dyn.q_seg, dyn.k_seg = _row_pair("bucket", q_bucket, k_bucket, MAX_BUCKET, b, hq, hkv, nq, nk, device)
+        dyn.q_sources += (q_bucket,)
+        dyn.k_sources += (k_bucket,)
         if dyn.q_pos is None:
             dyn.q_pos = torch.arange(nq, device=dyn.q_seg.device, dtype=torch.int32).view(1, 1, nq)
             dyn.k_pos = torch.arange(nk, device=dyn.k_seg.device, dtype=torch.int32).view(1, 1, nk)
@@ -185,13 +248,34 @@ def check_sorted(dyn: Dynamic) -> None:
     """The kernels find key ranges by binary search: rows must be sorted by (segment, position)."""
     if not dyn.positional:
         return
-    for side, pos, seg in (("q", dyn.q_pos, dyn.q_seg), ("k", dyn.k_pos, dyn.k_seg)):
-        key = pos.to(torch.int64)
-        if seg is not None:
-            key = torch.broadcast_tensors(key, seg)[0] + (seg.to(torch.int64) << 32)
-        if key.shape[-1] > 1 and bool((key[..., 1:] < key[..., :-1]).any()):
-            if seg is None:
-                raise ValueError(f"{side}_pos must be non-decreasing along the sequence (sorted positions), "
-                                 "as the kernels skip blocks by position ranges")
-            raise ValueError(f"{side}_bucket/{side}_pos must be sorted along the sequence by (bucket, position), "
-                             "as the kernels skip blocks by bucket ranges: sort the rows (msa_codegen.hash_sort does)")
+    for side, pos, seg, sources in (("q", dyn.q_pos, dyn.q_seg, dyn.q_sources),
+                                    ("k", dyn.k_pos, dyn.k_seg, dyn.k_sources)):
+        if not sources:
+            continue
+
+        def check(side=side, pos=pos, seg=seg):
+            key = pos.to(torch.int64)
+            if seg is not None:
+                key = torch.broadcast_tensors(key, seg)[0] + (seg.to(torch.int64) << 32)
+            if key.shape[-1] > 1 and bool((key[..., 1:] < key[..., :-1]).any()):
+                if seg is None:
+                    raise ValueError(f"{side}_pos must be non-decreasing along the sequence (sorted positions), "
+                                     "as the kernels skip blocks by position ranges")
+                raise ValueError(f"{side}_bucket/{side}_pos must be sorted along the sequence by (bucket, position), "
+                                 "as the kernels skip blocks by bucket ranges: sort the rows (msa_codegen.hash_sort does)")
+        CHECKED.run(("sorted", side), sources, check)
+
+
+def prepare(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device, **inputs) -> Dynamic:
+    """``resolve`` + ``check_sorted`` for the kernels, each check remembered per tensor version.
+
+    The first call with a set of tensors pays the host syncs; later calls with the same,
+    unmodified tensors (every layer of a step) skip them. Never used by the dense oracle.
+    """
+    CHECKED.enabled = True
+    try:
+        dyn = resolve(groups, b, hq, hkv, nq, nk, device, **inputs)
+        check_sorted(dyn)
+    finally:
+        CHECKED.enabled = False
+    return dyn

@@ -14,7 +14,7 @@ import torch
 from . import codegen
 from .config import LaunchConfig, current_config_list, from_list
 from .lowering import MAX_SEQLEN, lower
-from .dynamic import check_sorted, resolve
+from .dynamic import prepare
 from .spec import Pattern, Spec, parse
 from .tables import merged_block_tables, random_tables
 
@@ -67,13 +67,14 @@ def _dummy(device) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
 
 
-def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=None):
+def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=None, inverse: bool = True):
     """(table, inverse offsets, inverse query blocks, table strides, offset strides).
 
-    The strides exist only in the kernels of a top-k plan (per batch and KV head tables).
+    The strides exist only in the kernels of a top-k plan (per batch and KV head tables). The
+    forward reads only the table: ``inverse=False`` skips building the inverse of a top-k table.
     """
     if spec.topk:
-        table, offs, inv = merged_block_tables(spec, n, n if nk is None else nk, block_indices)
+        table, offs, inv = merged_block_tables(spec, n, n if nk is None else nk, block_indices, inverse)
         nkb = _cdiv(n if nk is None else nk, spec.block)
         return table, offs, inv, (table.stride(0), table.stride(1)), (table.shape[1] * nkb, nkb)
     if spec.random:
@@ -106,7 +107,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
     positional = q_pos is not None
     for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
-        rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices)
+        rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices, inverse=False)
         if positional:
             grid = (_seq_tiles(plan, n, c.block_m, positional), b * (h1 - h0))
             kern[grid](
@@ -394,8 +395,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         return (out, lse) if return_lse else out
     b, hq, nq, _ = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    dyn = resolve(groups, b, hq, hkv, nq, nk, q.device, **kw)
-    check_sorted(dyn)
+    dyn = prepare(groups, b, hq, hkv, nq, nk, q.device, **kw)
     if dyn.positional and nq != nk and any(s.random for _, _, s in groups):
         raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
     # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided

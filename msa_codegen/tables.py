@@ -83,7 +83,7 @@ def random_block_mask(spec: Spec, seqlen: int) -> torch.Tensor:
     return out[:, :nb]
 
 
-def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tensor):
+def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tensor, inverse: bool = True):
     """The random + top-k block tables of one spec, per batch and KV head, built on the device.
 
     ``block_indices`` int32 ``(B, Hkv, ceil(nq / block), K)`` (-1 unused, any order, duplicates
@@ -92,6 +92,7 @@ def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tenso
     ``offsets`` int32 ``(B, Hkv, nkb + 1)`` and ``inverse`` int32: for key block kb of (b, hk), the
     query blocks that chose it are ``inverse[offsets[b, hk, kb]:offsets[b, hk, kb + 1]]``
     (offsets are global into ``inverse``). O(B * Hkv * nqb * (R + K)); no host sync.
+    ``inverse=False`` (the forward, which reads only the table) returns None for both.
     """
     b, hkv, nqb, _ = block_indices.shape
     nkb = _cdiv(nk, spec.block)
@@ -104,6 +105,8 @@ def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tenso
     dup = torch.zeros_like(table, dtype=torch.bool)
     dup[..., 1:] = table[..., 1:] == table[..., :-1]
     table = table.masked_fill(dup, -1).contiguous()
+    if not inverse:
+        return table, None, None
     slots = table.shape[-1]
     nbh = b * hkv
     bh = torch.arange(nbh, device=dev).view(nbh, 1, 1).expand(nbh, nqb, slots).reshape(-1)

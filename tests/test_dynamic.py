@@ -437,6 +437,76 @@ def test_errors(kw, err, frag):
             msa.mask("window=4", 20, 2, **kw)
 
 
+def _counting_checks(monkeypatch):
+    """Every host-side check ``attention`` actually runs (not the ones it remembers), by name."""
+    from msa_codegen import dynamic
+
+    ran = []
+    real = dynamic.CHECKED.run
+
+    def run(what, tensors, check):
+        def counted():
+            ran.append(what[0])
+            check()
+        real(what, tensors, counted)
+    monkeypatch.setattr(dynamic.CHECKED, "run", run)
+    dynamic.CHECKED.clear()
+    return ran
+
+
+@pytest.mark.parametrize("kind", ["cu_seqlens", "positions", "buckets", "topk"])
+def test_checks_run_once_per_tensor_version(kind, monkeypatch):
+    """The host syncs of validation are paid once per set of inputs, again after an in-place
+    write (version bump) or for a new tensor with the same values."""
+    ran = _counting_checks(monkeypatch)
+    q, k, v = _qkv(n=24)
+    pattern = "window=6"
+    if kind == "cu_seqlens":
+        kw = dict(cu_seqlens=torch.tensor([0, 7, 24], dtype=torch.int32))
+    elif kind == "positions":
+        kw = dict(q_pos=torch.arange(0, 48, 2), k_pos=torch.arange(0, 48, 2))
+    elif kind == "buckets":
+        kw = dict(q_bucket=torch.tensor([0] * 10 + [1] * 14), k_bucket=torch.tensor([0] * 12 + [1] * 12))
+    else:
+        pattern = "window=6,topk=1,block=16"
+        kw = dict(block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32))
+    first = msa.attention(q, k, v, pattern, **kw)
+    n_first = len(ran)
+    assert n_first >= 1
+    again = msa.attention(q, k, v, pattern, **kw)
+    assert len(ran) == n_first, f"checks re-ran on unchanged inputs: {ran}"
+    assert torch.equal(first, again)
+    for t in kw.values():
+        t.add_(0)         # an in-place write, even of nothing, is a new version: checked again
+    msa.attention(q, k, v, pattern, **kw)
+    assert len(ran) == 2 * n_first
+    kw = {name: t.clone() for name, t in kw.items()}   # same values, new tensors: checked again
+    msa.attention(q, k, v, pattern, **kw)
+    assert len(ran) == 3 * n_first
+
+
+def test_remembered_check_does_not_hide_an_in_place_change():
+    q, k, v = _qkv(n=20)
+    cu = torch.tensor([0, 5, 20], dtype=torch.int32)
+    msa.attention(q, k, v, "window=4", cu_seqlens=cu)
+    cu[1] = 25           # now past N: the version moved, so the call must check again and fail
+    with pytest.raises(ValueError, match="past N=20"):
+        msa.attention(q, k, v, "window=4", cu_seqlens=cu)
+    qp = torch.arange(20)
+    msa.attention(q, k, v, "window=4", q_pos=qp, k_pos=torch.arange(20))
+    qp[3] = 0            # unsorted now
+    with pytest.raises(ValueError, match="non-decreasing"):
+        msa.attention(q, k, v, "window=4", q_pos=qp, k_pos=torch.arange(20))
+
+
+def test_oracle_never_remembers(monkeypatch):
+    ran = _counting_checks(monkeypatch)
+    cu = torch.tensor([0, 5, 20], dtype=torch.int32)
+    msa.mask("window=4", 20, 1, cu_seqlens=cu)
+    msa.mask("window=4", 20, 1, cu_seqlens=cu)
+    assert ran == ["cu_seqlens", "cu_seqlens"]
+
+
 def test_topk_errors():
     q, k, v = _qkv(n=40)
     with pytest.raises(ValueError, match="needs block_indices"):
