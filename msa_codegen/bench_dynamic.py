@@ -45,7 +45,7 @@ CASES = [
 ]
 
 
-def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0):
+def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers=True):
     """Inputs and closures: ``(ours, {peer: (fn, same_mask)}, grads_of, note)``.
 
     ``ours()`` / ``fn()`` return the output; ``grads_of`` lists the leaf tensors to reset between
@@ -74,10 +74,10 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0):
 
         def ours():
             return attention(q, k, v, case.pattern, cu_seqlens=cu)
-        if case.one_doc:
+        if case.one_doc and with_peers:
             # the same mask through the plain kernels: what the positional machinery costs
             peers["msa_codegen-plain"] = (lambda: attention(q, k, v, case.pattern), True)
-        if device == "cuda":
+        if device == "cuda" and with_peers:
             doc = torch.searchsorted(cu[1:].long(), torch.arange(n, device=device), right=True)
             w = msa_window(case.pattern)
 
@@ -95,7 +95,7 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0):
 
         def ours():
             return attention(qs, ks, vs, case.pattern, q_pos=qp, k_pos=kp, q_bucket=qb, k_bucket=kb)
-        if device == "cuda":
+        if device == "cuda" and with_peers:
             def mask_mod(bb, hh, qi, ki):
                 return (qb[bb, hh, qi] == kb[bb, hh // (hq // hkv), ki]) & (kp[bb, hh // (hq // hkv), ki] <= qp[bb, hh, qi])
             peers["flex-hashmask"] = (_flex(mask_mod, qs, ks, vs, n, n), True)
@@ -114,7 +114,7 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0):
 
         def ours():
             return attention(qc, kc, vc, case.pattern, q_pos=qp, k_pos=kp)
-        if device == "cuda":
+        if device == "cuda" and with_peers:
             def mask_mod(bb, hh, qi, ki):
                 return kp[bb, hh // (hq // hkv), ki] <= qp[bb, hh, qi]
             peers["flex-qkmask"] = (_flex(mask_mod, qc, kc, vc, keep, keep), True)
@@ -129,16 +129,8 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0):
 
         def ours():
             return attention(q, k, v, case.pattern, block_indices=idx)
-        if device == "cuda":
-            nblk = -(-n // spec.block)
-            chosen = torch.zeros(b, hkv, nblk, nblk + 1, dtype=torch.bool, device=device)
-            chosen.scatter_(3, torch.where(idx >= 0, idx, nblk).long(), True)
-            chosen = chosen[..., :nblk].contiguous()
-            blk = spec.block
-
-            def mask_mod(bb, hh, qi, ki):
-                return chosen[bb, hh // (hq // hkv), qi // blk, ki // blk] & (qi >= ki)
-            peers["flex-blockmask"] = (_flex(mask_mod, q, k, v, n, n), True)
+        if device == "cuda" and with_peers:
+            peers["flex-blockmask"] = (_flex_topk(idx, q, k, v, spec.block), True)
         grads = (q, k, v)
     else:
         raise ValueError(f"unknown kind {case.kind!r}")
@@ -161,6 +153,38 @@ def _flex(mask_mod, q, k, v, nq, nk):
     flex = torch.compile(flex_attention, dynamic=False)
     gqa = q.shape[1] != k.shape[1]
     return lambda: flex(q, k, v, block_mask=bm, enable_gqa=gqa)
+
+
+def _flex_topk(idx, q, k, v, blk):
+    """FlexAttention on the chosen blocks, its BlockMask built from the indices (O(N / block * K)
+    memory per row of blocks, no N x N mask evaluation): chosen blocks left of the diagonal are
+    full blocks, the diagonal block is partial with the causal mask_mod."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    b, hq, n, _ = q.shape
+    group = hq // k.shape[1]
+    nblk = -(-n // blk)
+    chosen = torch.zeros(b, idx.shape[1], nblk, nblk + 1, dtype=torch.bool, device=q.device)
+    chosen.scatter_(3, torch.where(idx >= 0, idx, nblk).long(), True)
+    chosen = chosen[..., :nblk].repeat_interleave(group, dim=1)       # (B, Hq, nqb, nkb)
+    qb = torch.arange(nblk, device=q.device)
+    below = qb[None, :] < qb[:, None]                                   # key block left of the diagonal
+    full = chosen & below
+    partial = chosen & (qb[None, :] == qb[:, None])
+
+    def ordered(m):
+        num = m.sum(-1, dtype=torch.int32)
+        indices = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return num, indices
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+
+    def causal(bb, hh, qi, ki):
+        return qi >= ki
+    bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=blk, mask_mod=causal,
+                                  seq_lengths=(n, n))
+    flex = torch.compile(flex_attention, dynamic=False)
+    return lambda: flex(q, k, v, block_mask=bm, enable_gqa=group > 1)
 
 
 def _sdpa(q, k, v):

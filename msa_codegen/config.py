@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 
@@ -71,11 +72,17 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> L
 
 def as_list(cfg: LaunchConfig) -> list[int]:
     """The flat int list the custom ops carry (fwd fields, then bwd fields)."""
-    return [*dataclasses.astuple(cfg.fwd), *dataclasses.astuple(cfg.bwd)]
+    return [getattr(part, f.name) for part in (cfg.fwd, cfg.bwd) for f in dataclasses.fields(part)]
 
 
 def from_list(values) -> LaunchConfig:
     """Inverse of ``as_list``; an empty list means the heuristic default of a GPU."""
+    return _from_tuple(tuple(values))
+
+
+@functools.lru_cache(maxsize=256)
+def _from_tuple(values: tuple) -> LaunchConfig:
+    # every launch converts the ops' int list back: cached, the dataclass checks run once per list
     if not values:
         return LaunchConfig(FwdConfig(), BwdConfig())
     n = len(dataclasses.fields(FwdConfig))

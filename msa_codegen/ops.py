@@ -7,6 +7,7 @@ Layering (one kernel family): generated ``@triton.jit`` kernels (codegen.load) -
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -35,9 +36,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+@functools.lru_cache(maxsize=256)
 def _groups(pattern: str, num_heads: int, positional: bool = False, segments: bool = False, classes: bool = False):
-    return [(h0, h1, spec, lower(spec, positional=positional, segments=segments, classes=classes))
-            for h0, h1, spec in parse(pattern).head_groups(num_heads)]
+    # every launch asks: cached (specs and plans are frozen), so the host path stays short
+    return tuple((h0, h1, spec, lower(spec, positional=positional, segments=segments, classes=classes))
+                 for h0, h1, spec in parse(pattern).head_groups(num_heads))
 
 
 PREFIX_CHUNK_ROWS = 8192

@@ -46,6 +46,12 @@ def user_db_path(explicit: str | os.PathLike | None = None) -> Path:
     """The user database: the explicit path, else ``$MSA_CODEGEN_HOME/tuning.db``."""
     if explicit:
         return Path(explicit).expanduser().absolute()
+    return _default_user_db(os.environ.get("MSA_CODEGEN_HOME"), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _default_user_db(_home_env, _user_home) -> Path:
+    # every attention call asks: cached per value of the variables home() reads
     from ..codegen import home
 
     return (home() / "tuning.db").absolute()
@@ -53,7 +59,11 @@ def user_db_path(explicit: str | os.PathLike | None = None) -> Path:
 
 def shipped_db_path() -> Path:
     """The shipped database (``MSA_CODEGEN_SHIPPED_DB`` overrides it, for tests and builds)."""
-    override = os.environ.get("MSA_CODEGEN_SHIPPED_DB")
+    return _shipped(os.environ.get("MSA_CODEGEN_SHIPPED_DB"))
+
+
+@functools.lru_cache(maxsize=8)
+def _shipped(override) -> Path:
     return Path(override).expanduser().absolute() if override else SHIPPED_DB
 
 
