@@ -265,18 +265,60 @@ def _setup_context(ctx, inputs, output):
     ctx.pattern, ctx.scale, ctx.config, ctx.classes = pattern, scale, config, classes
 
 
-def _backward(ctx, do, dlse):
+def _grads(ctx, do, dlse, direct: bool):
+    """The gradients of both routes: through the backward custom op, or (``direct``, the eager
+    Function) straight to the launcher."""
     q, k, v, o, lse, *dyn = ctx.saved_tensors
     dyn = [t if has else None for t, has in zip(dyn, ctx.has_dyn)]
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config, *dyn,
-                                  ctx.classes)
+    if direct:
+        dq, dk, dv = _bwd(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, from_list(ctx.config), *dyn,
+                          ctx.classes)
+    else:
+        dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config, *dyn,
+                                      ctx.classes)
     # no gradient into positions, segments or block indices
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
+def _backward(ctx, do, dlse):
+    return _grads(ctx, do, dlse, direct=False)
+
+
 torch.library.register_autograd("msa_codegen::attention_fwd", _backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The eager route of ``attention``: the same launchers as the custom ops, without the
+    dispatcher. Measured on a CPU with the kernels stubbed out: the custom op costs ~100 us of
+    host time per forward with autograd against ~13 us for the launcher alone, and a call whose
+    kernels take a few hundred microseconds is timed by its host path. torch.compile traces the
+    custom ops instead (``attention`` picks the route), so graphs keep their fake tensors and
+    opcheck-tested schema."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices, index_classes):
+        out = _fwd(q, k, v, pattern, scale, from_list(config), q_pos, k_pos, q_seg, k_seg, block_indices,
+                   index_classes)
+        _setup_context(ctx, (q, k, v, pattern, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices,
+                             index_classes), out)
+        ctx.set_materialize_grads(False)   # an unused output (the LSE, mostly) gets None, not zeros
+        return out
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _grads(ctx, do, dlse, direct=True)
+
+
+def _run(q, k, v, pattern: str, scale: float, config: list[int], q_pos=None, k_pos=None, q_seg=None,
+         k_seg=None, block_indices=None, index_classes=False):
+    """(out, lse) through the custom op when torch.compile traces, else the eager Function."""
+    if torch.compiler.is_compiling():
+        return attention_fwd_op(q, k, v, pattern, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices,
+                                index_classes)
+    return _EagerAttention.apply(q, k, v, pattern, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices,
+                                 index_classes)
 
 
 # ---- public API ---------------------------------------------------------------------------
@@ -394,7 +436,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         ensure_tuned(q, k, str(pat))
     cfg = current_config_list(q.device, d, q.dtype, str(pat), q.shape[1] // k.shape[1], q.shape[2])
     if not dynamic:
-        out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg)
+        out, lse = _run(q, k, v, str(pat), scale, cfg)
         return (out, lse) if return_lse else out
     b, hq, nq, _ = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -402,6 +444,6 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     if dyn.positional and nq != nk and any(s.random for _, _, s in groups):
         raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
     # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
-    out, lse = attention_fwd_op(q, k, v, str(pat), scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg,
+    out, lse = _run(q, k, v, str(pat), scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg,
                                 dyn.block_indices, cu_seqlens is not None)
     return (out, lse) if return_lse else out
