@@ -15,7 +15,8 @@ from msa_codegen.bench import attended_pairs
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, default_config, use_config
 
 FWD = [FwdConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
-                               (128, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 4), (64, 64, 4, 4)]]
+                               (128, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 3),
+                               (128, 128, 4, 3), (64, 128, 4, 3)]]
 DKDV = [(32, 64, 4, 2), (16, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (16, 128, 4, 2), (64, 32, 4, 2),
         (32, 64, 4, 3), (64, 128, 8, 2)]
 DQ = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2)]
@@ -28,7 +29,13 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rep", type=int, default=200)
+    ap.add_argument("--fwd-only", action="store_true", help="only the forward configurations, no profile")
+    ap.add_argument("--pointers", action="store_true", help="K/V through pointer loads, not tensor descriptors")
     a = ap.parse_args()
+    if a.pointers:
+        import msa_codegen.ops as ops
+
+        ops.USE_TMA = False
     dev = torch.device("cuda")
     q, k, v, do = (torch.randn(1, a.heads, a.n, a.head_dim, device=dev, dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):
@@ -46,11 +53,12 @@ def main():
             rows.append(("fwd", f, ms, flops / ms / 1e9))
         except Exception as e:
             rows.append(("fwd", f, float("nan"), str(e)[:60]))
-    for m1, m2 in itertools.product(DKDV, DQ[:1]):
-        rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
-    for m1, m2 in itertools.product(DKDV[:1], DQ[1:]):
-        rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
-    _profile(q, k, v, do, a)
+    if not a.fwd_only:
+        for m1, m2 in itertools.product(DKDV, DQ[:1]):
+            rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
+        for m1, m2 in itertools.product(DKDV[:1], DQ[1:]):
+            rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
+        _profile(q, k, v, do, a)
     for r in rows:
         print(f"{r[0]:4s} {str(r[1]):90s} {r[2]:9.3f} ms  {r[3] if isinstance(r[3], str) else f'{r[3]:6.1f} TF/s'}")
 

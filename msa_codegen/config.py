@@ -52,8 +52,26 @@ _override: LaunchConfig | None = None
 _INTERPRETER = LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 32, 4, 1))
 
 
-def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    """Heuristic launch parameters until a tuned one exists.
+def _hopper(device: torch.device, capability: str | None = None) -> bool:
+    """Compute capability 9 or newer (tensor descriptors / TMA): the given ``"major.minor"``, else
+    the device's; False for a CPU device or without a visible GPU."""
+    if device.type != "cuda":
+        return False
+    if capability is not None:
+        try:
+            return int(str(capability).split(".")[0]) >= 9
+        except ValueError:
+            return False
+    if not torch.cuda.is_available():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
+                   capability: str | None = None) -> LaunchConfig:
+    """Heuristic launch parameters until a tuned one exists (``capability``: of a named GPU, when
+    it is not this machine's).
 
     The fastest of a hand sweep on an H200 (benchmarks/sweep.py; numbers in benchmarks/NOTES.md)
     for head dim 128; the others are the spill-free shapes of ptxas's report for sm_90.
@@ -65,7 +83,11 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> L
     if head_dim <= 64:
         return LaunchConfig(FwdConfig(128, 64, 4, 3), BwdConfig(32, 64, 4, 3, 64, 64, 4, 2))
     if head_dim <= 128:
-        return LaunchConfig(FwdConfig(128, 64, 8, 3), BwdConfig(32, 64, 4, 2, 128, 64, 8, 3))
+        # Hopper and newer load K/V through tensor descriptors (ops._use_tma): 128-key blocks with
+        # 3 stages measured 0.84x the time of the pointer loads' best (128, 64, 8, 3) on an H200
+        # (benchmarks/ws_probe.py, NOTES.md run 11)
+        fwd = FwdConfig(128, 128, 8, 3) if _hopper(device, capability) else FwdConfig(128, 64, 8, 3)
+        return LaunchConfig(fwd, BwdConfig(32, 64, 4, 2, 128, 64, 8, 3))
     # head dims above 128: the shapes ptxas compiles without spills for sm_90 (not yet timed)
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))
 

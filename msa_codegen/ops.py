@@ -86,6 +86,57 @@ def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=Non
     return d, d, d, (), ()
 
 
+#: K/V loads of the plain forward through tensor descriptors (TMA on Hopper) where ``_use_tma``
+#: allows; tests switch it off to cover the pointer loads that other GPUs and layouts get
+USE_TMA = True
+
+
+def _tma_layout_ok(t: torch.Tensor) -> bool:
+    """TMA's needs: unit stride along D, a 16-byte aligned base and 16-byte multiples as strides."""
+    es = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(st * es % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+
+
+@functools.lru_cache(maxsize=16)
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _use_tma(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Tensor-descriptor loads for this call: Hopper or newer (or Triton's interpreter, which runs
+    the same code on the CPU), and layouts TMA can address; else pointer loads."""
+    if not USE_TMA:
+        return False
+    if k.device.type == "cuda":
+        if not _has_tma(k.device.index if k.device.index is not None else torch.cuda.current_device()):
+            return False
+    elif not codegen.interpreting():
+        return False
+    if not (_tma_layout_ok(k) and _tma_layout_ok(v)):
+        return False
+    _ensure_allocator()
+    return True
+
+
+def _descriptor_scratch(size: int, alignment: int, stream):
+    # on-device descriptors live in a small global scratch per program, taken from Triton's allocator
+    return torch.empty(size, dtype=torch.int8, device="cpu" if codegen.interpreting() else "cuda")
+
+
+def _ensure_allocator() -> None:
+    """Give Triton an allocator for the descriptors' scratch unless the caller already set one."""
+    import triton
+
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+        unset = isinstance(_allocator.get(), NullAllocator)
+    except (ImportError, AttributeError):   # another Triton layout: cannot tell, set ours
+        unset = True
+    if unset:
+        triton.set_allocator(_descriptor_scratch)
+
+
 def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
     """Kernel arguments of the positional kernels: the four row tensors and their (B, H, N) strides."""
     qp = q_pos.expand(b, hq, nq)
@@ -108,6 +159,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
         return o.zero_(), lse.fill_(float("-inf"))
     c = cfg.fwd
     positional = q_pos is not None
+    tma = not positional and _use_tma(k, v)
     for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices, inverse=False)
@@ -127,7 +179,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
             h0, h1 - h0, group, n, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-            DOT_PREC=_dot_precision(q.dtype), num_warps=c.num_warps, num_stages=c.num_stages,
+            DOT_PREC=_dot_precision(q.dtype), TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages,
         )
     return o, lse
 

@@ -1,7 +1,7 @@
 """Compile a plan's generated kernels for an sm_90 GPU without a GPU (Triton's bundled ptxas).
 
 Run as a script in a process without TRITON_INTERPRET: ``python aot_check.py PATTERN FLAGS...``
-(FLAGS: ``positional``, ``segments``, ``classes``). The interpreter accepts code that the GPU compiler
+(FLAGS: ``positional``, ``segments``, ``classes``; ``tma``: the plain forward's tensor-descriptor loads). The interpreter accepts code that the GPU compiler
 rejects (loop-carried types, scalar/tensor mixing); this catches it on machines without CUDA.
 """
 import sys
@@ -20,12 +20,12 @@ _INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK")
 _CONSTS = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32", PREFIX_TILES=False, HAS_DLSE=False)
 
 
-def compile_kernel(kern, dtype="bf16"):
+def compile_kernel(kern, dtype="bf16", tma=False):
     sig, consts = {}, {}
     for idx, name in enumerate(kern.arg_names):
         if kern.params[idx].is_constexpr:
             sig[name] = "constexpr"
-            consts[(idx,)] = _CONSTS[name]
+            consts[(idx,)] = tma if name == "TMA" else _CONSTS[name]
         elif name in _INTS or name.startswith("stride_"):
             sig[name] = "i32"
         elif name in ("qk_scale", "sm_scale"):
@@ -44,7 +44,7 @@ def main(pattern, *flags):
                  classes="classes" in flags)
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
     for kern in (fwd.msa_fwd, bwd.msa_bwd_pre, bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
-        compile_kernel(kern)
+        compile_kernel(kern, tma="tma" in flags)
     print("compiled", pattern, *flags)
 
 

@@ -146,3 +146,48 @@ def test_prefix_keys_split_over_query_chunks(pattern, device, monkeypatch):
     monkeypatch.setattr(ops, "PREFIX_CHUNK_ROWS", 64)
     assert ops._prefix_chunk(300, 40, 64, 32) == 64
     check_attention(pattern, hq=2, hkv=1, n=300, device=device)
+
+
+# ---- K/V loads: tensor descriptors (TMA) and pointers -------------------------------------------
+
+@pytest.mark.parametrize("pattern", ["window=40", "window=30,dilation=3,sink=5", "causal=false,global=3,window=7",
+                                     "sink=9,random=2,block=32", "0-1:sink=70;2-3:window=9,dilation=2",
+                                     "window=8,topk=2,block=32"])
+@pytest.mark.parametrize("tma", [True, False], ids=["descriptors", "pointers"])
+def test_descriptor_and_pointer_loads(pattern, tma, device, monkeypatch):
+    """The plain forward reads K/V through tensor descriptors where TMA can (Hopper, and the
+    interpreter runs the same code), else through pointers: both against the reference, with a
+    head dim that pads BLOCK_D (columns past HEAD_DIM come back as zeros) and with GQA."""
+    import msa_codegen.ops as ops
+
+    if tma and device == "cuda" and not ops._has_tma(torch.cuda.current_device()):
+        pytest.skip("no TMA before Hopper")
+    monkeypatch.setattr(ops, "USE_TMA", tma)
+    if "topk" in pattern:
+        from test_dynamic import check_dynamic, topk_inputs
+
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=100, device=device, make=topk_inputs(pattern))
+        return
+    check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
+    check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
+
+
+def test_descriptor_loads_need_aligned_layouts(device):
+    """TMA needs 16-byte aligned bases and row strides: other layouts take the pointer loads,
+    and give the reference's result."""
+    import msa_codegen.ops as ops
+
+    if device == "cuda" and not ops._has_tma(torch.cuda.current_device()):
+        pytest.skip("no TMA before Hopper")
+    q, k, v, _ = make_inputs(1, 2, 1, 50, 32, torch.float16, device)
+    assert ops._use_tma(k, v)
+    # k's base 2 bytes past an aligned address
+    k_off = torch.randn(50 * 32 + 1, device=device).to(torch.float16)[1:].view(1, 1, 50, 32).requires_grad_()
+    assert not ops._tma_layout_ok(k_off) and not ops._use_tma(k_off, v)
+    # head dim 20 in fp16: rows 40 bytes apart
+    q20, k20, v20, _ = make_inputs(1, 2, 1, 50, 20, torch.float16, device)
+    assert not ops._use_tma(k20, v20)
+    for args in ((q, k_off, v), (q20, k20, v20)):
+        out = msa.attention(*args, "window=9,sink=2")
+        ref = msa.reference_attention(*args, "window=9,sink=2")
+        assert (out.double() - ref).norm() / ref.norm() < 5e-3
