@@ -86,16 +86,18 @@ def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=Non
     return d, d, d, (), ()
 
 
-#: K/V loads of the plain forward through tensor descriptors (TMA on Hopper) where ``_use_tma``
-#: allows; tests switch it off to cover the pointer loads that other GPUs and layouts get
+#: the streamed operands of the plain kernels (K/V of the forward and dq kernels, Q/dO of the
+#: dk/dv kernel) through tensor descriptors (TMA on Hopper) where ``_use_tma`` allows; tests switch
+#: it off to cover the pointer loads that other GPUs and layouts get
 USE_TMA = True
 
 
 def _tma_layout_ok(t: torch.Tensor) -> bool:
     """TMA's needs: unit stride along D, a 16-byte aligned base and 16-byte multiples as strides."""
     es = t.element_size()
+    # (a broadcast gradient has stride 0 along N: no descriptor for that)
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(st * es % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+            and all(st > 0 and st * es % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
 
 
 @functools.lru_cache(maxsize=16)
@@ -103,17 +105,17 @@ def _has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def _use_tma(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Tensor-descriptor loads for this call: Hopper or newer (or Triton's interpreter, which runs
-    the same code on the CPU), and layouts TMA can address; else pointer loads."""
+def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Tensor-descriptor loads of the operand pair a, b: Hopper or newer (or Triton's interpreter,
+    which runs the same code on the CPU), and layouts TMA can address; else pointer loads."""
     if not USE_TMA:
         return False
-    if k.device.type == "cuda":
-        if not _has_tma(k.device.index if k.device.index is not None else torch.cuda.current_device()):
+    if a.device.type == "cuda":
+        if not _has_tma(a.device.index if a.device.index is not None else torch.cuda.current_device()):
             return False
     elif not codegen.interpreting():
         return False
-    if not (_tma_layout_ok(k) and _tma_layout_ok(v)):
+    if not (_tma_layout_ok(a) and _tma_layout_ok(b)):
         return False
     _ensure_allocator()
     return True
@@ -201,6 +203,9 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
         dlse = dlse.to(torch.float32).contiguous()
     groups = _groups(pattern, hq, positional, q_seg is not None, index_classes)
+    # the plain kernels stream K/V (dq) and Q/dO (dk/dv) through tensor descriptors where they can
+    tma_dq = {} if positional else {"TMA": _use_tma(k, v)}
+    tma_dkdv = {} if positional else {"TMA": _use_tma(q, do)}
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
     split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)
@@ -223,7 +228,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             q, k, v, do, lse, delta, dq, rtab, *tstr, *pos,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
             h0, hs, group, n, *((nk,) if positional else ()), scale * LOG2E, scale,
-            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec,
+            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma_dq,
             num_warps=c.num_warps2, num_stages=c.num_stages2,
         )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
@@ -248,7 +253,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
-                PREFIX_TILES=False, **consts)
+                PREFIX_TILES=False, **tma_dkdv, **consts)
         if plan.prefix and not positional:
             p = min(plan.prefix, n)
             chunk = _prefix_chunk(n, p, b * hks * d, c.block_m1)
@@ -259,7 +264,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
-                PREFIX_TILES=True, **consts)
+                PREFIX_TILES=True, **tma_dkdv, **consts)
             # fixed summation order over the chunks: deterministic
             dk_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_k.sum(0).to(dk_out.dtype)
             dv_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_v.sum(0).to(dv_out.dtype)

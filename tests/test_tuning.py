@@ -161,7 +161,7 @@ def test_shipped_copy(tmp_path, monkeypatch):
 
 def test_lookup_order(tmp_home, tmp_path):
     user, shipped = tmp_home / "tuning.db", tmp_path / "shipped.db"
-    heuristic = default_config(torch.device("cuda"), 128, torch.bfloat16)
+    heuristic = default_config(torch.device("cuda"), 128, torch.bfloat16, "9.0")   # which() asks for an sm_90 GPU
     # nothing anywhere: the heuristic
     res = which()
     assert res.source == "heuristic default" and res.config == heuristic
