@@ -359,9 +359,10 @@ def table(rows) -> str:
         if r.get("status") != "ok":
             out.append(f"| {r['case']} | {r['impl']} | {r.get('status')} | | | | | | |")
             continue
+        ratios = (f"{r['ratio_fwd']:.3f} | {r['ratio_fwdbwd']:.3f}" if "ratio_fwd" in r
+                  else "- | -")   # our own row: the ratios are on the peers' rows
         out.append(f"| {r['case']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | {r['fwdbwd_ms']:.2f} | "
-                   f"{r['fwdbwd_tflops']:.0f} | {r['peak_gib']:.2f} | {r.get('ratio_fwd', float('nan')):.3f} | "
-                   f"{r.get('ratio_fwdbwd', float('nan')):.3f} |")
+                   f"{r['fwdbwd_tflops']:.0f} | {r['peak_gib']:.2f} | {ratios} |")
     return "\n".join(out)
 
 
