@@ -1,9 +1,11 @@
 """Launchers, the torch.library custom ops and the public ``attention``.
 
 Layering (one kernel family): generated ``@triton.jit`` kernels (codegen.load) -> launchers
-``_fwd`` / ``_bwd`` (grid, allocation, strides, one launch per head group) -> custom ops
-``msa_codegen::attention_fwd`` / ``attention_bwd`` with fake implementations and autograd ->
-``attention`` which validates its arguments.
+``_fwd`` / ``_bwd`` (grid, allocation, strides, load path, one launch per head group) -> two
+routes with one autograd rule (``_setup_context`` / ``_grads``): the custom ops
+``msa_codegen::attention_fwd`` / ``attention_bwd`` with fake implementations, which torch.compile
+traces, and ``_EagerAttention`` for eager calls (no dispatcher on the hot path) -> ``attention``
+which validates its arguments.
 """
 from __future__ import annotations
 
