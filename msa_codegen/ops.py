@@ -68,8 +68,15 @@ def _seq_tiles(plan, n: int, block: int, positional: bool) -> int:
     return classes * _cdiv(_cdiv(n, classes), block)
 
 
-def _dummy(device) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def _dummy_on(device: str) -> torch.Tensor:
     return torch.zeros(2, dtype=torch.int32, device=device)
+
+
+def _dummy(device) -> torch.Tensor:
+    # the table argument of a plan without random / top-k blocks (never read): one per device,
+    # not a fill kernel per call
+    return _dummy_on(str(device))
 
 
 def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=None, inverse: bool = True):

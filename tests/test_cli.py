@@ -206,6 +206,7 @@ def test_render_names_the_launch_of_a_head_dim_and_dtype(tmp_path):
                  "--dtype", "fp16"], tmp_path))
     first, second, third = p.stdout.splitlines()[:3]
     assert "head dim 80, float16" in first and "BLOCK_D=128" in first and "DOT_PREC='tf32'" in first
+    assert "TMA=True on compute capability >= 9" in first
     assert second.startswith("# bwd config: block_m1=") and "(" in second
     assert third.startswith("# generated from msa_codegen/templates/bwd.py.jinja")
     assert "def msa_bwd_dkdv" in p.stdout
