@@ -157,6 +157,19 @@ def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
     return (qp, kp, qs, ks, *qp.stride(), *kp.stride(), *qs.stride(), *ks.stride())
 
 
+def _on_tensor_device(fn):
+    """Run a launcher with its first tensor's GPU as the current device: Triton launches (and
+    the descriptor scratch is allocated) on the current device, which need not be the inputs'."""
+    @functools.wraps(fn)
+    def run(t, *args, **kwargs):
+        if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
+            with torch.cuda.device(t.device):
+                return fn(t, *args, **kwargs)
+        return fn(t, *args, **kwargs)
+    return run
+
+
+@_on_tensor_device
 def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None, q_seg=None,
          k_seg=None, block_indices=None, index_classes=False):
     b, hq, n, d = q.shape
@@ -195,6 +208,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
     return o, lse
 
 
+@_on_tensor_device
 def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None,
          q_seg=None, k_seg=None, block_indices=None, index_classes=False):
     b, hq, n, d = q.shape

@@ -126,3 +126,16 @@ def test_gpu_pointer_loads_at_the_default_config(d):
     ref = chunked_reference(q, k, v, "window=1024,sink=16", torch.randn_like(out))[0]
     assert rel_err(out, ref) <= FLOOR[torch.bfloat16]
 
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_inputs_on_a_device_other_than_the_current_one():
+    """Triton launches on the current device: the launchers switch to the inputs' device."""
+    with torch.cuda.device(0):
+        q, k, v, _ = make_inputs(1, 4, 2, 2048, 128, torch.bfloat16, "cuda:1")
+        out = msa.attention(q, k, v, "window=256,sink=8")
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        assert out.device == dq.device == torch.device("cuda:1")
+    do = torch.randn_like(out)
+    ref = chunked_reference(q, k, v, "window=256,sink=8", do)
+    assert rel_err(out, ref[0]) <= FLOOR[torch.bfloat16]
+
