@@ -94,7 +94,7 @@ def _launch_header(pat, args) -> str:
         cfg, source = default_config(torch.device("cuda"), d, dtype), "heuristic default for a GPU (none here)"
     c = dataclasses.asdict(cfg.fwd if args.direction == "fwd" else cfg.bwd)
     # TMA: the plain kernels' streamed operands through tensor descriptors (ops._use_tma)
-    tma = "TMA=True on compute capability >= 9 with 16-byte aligned layouts, else False"
+    tma = "TMA=True on compute capability >= 9 for bf16/fp16 with 16-byte aligned layouts, else False"
     return (f"# launched for head dim {d}, {DTYPES[args.dtype]}, N={args.seqlen}: HEAD_DIM={d} BLOCK_D={block_d} "
             f"DOT_PREC={prec!r} {tma}\n# {args.direction} config: {' '.join(f'{k}={v}' for k, v in c.items())} "
             f"({source})\n")
