@@ -148,6 +148,18 @@ def _rel(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+def label_rows(rows, case, results, dtype) -> None:
+    """Give every row its case, shapes and dtype, and each peer row the ratios ours/peer of the
+    ``results`` {impl: (fwd_ms, fwdbwd_ms)} (msa-bench and bench_dynamic)."""
+    ours = results.get("msa_codegen")
+    for row in rows:
+        row.update(case=case.name, pattern=case.pattern, B=1, Hq=case.hq, Hkv=case.hkv, N=case.n, D=case.d,
+                   dtype=str(dtype).replace("torch.", ""))
+        if ours and row["impl"] in results and row["impl"] != "msa_codegen":
+            row["ratio_fwd"] = ours[0] / results[row["impl"]][0]
+            row["ratio_fwdbwd"] = ours[1] / results[row["impl"]][1]
+
+
 def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
     from . import attention
 
@@ -241,12 +253,7 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
     ours = results.get("msa_codegen")
     if case.dense_ratio and ours:
         rows.append(_dense_extrapolation(case, ours, dtype))
-    for row in rows:
-        row.update(case=case.name, pattern=case.pattern, B=1, Hq=case.hq, Hkv=case.hkv, N=case.n, D=case.d,
-                   dtype=str(dtype).replace("torch.", ""))
-        if ours and row["impl"] in results and row["impl"] != "msa_codegen":
-            row["ratio_fwd"] = ours[0] / results[row["impl"]][0]
-            row["ratio_fwdbwd"] = ours[1] / results[row["impl"]][1]
+    label_rows(rows, case, results, dtype)
     del q, k, v, do, ours_sample
     torch.cuda.empty_cache()
     return rows

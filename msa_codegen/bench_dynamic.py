@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .bench import _peak, _rel, _time, bench_main
+from .bench import _peak, _rel, _time, bench_main, label_rows
 
 
 @dataclasses.dataclass
@@ -246,13 +246,7 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
-    ours_t = results.get("msa_codegen")
-    for r in rows:
-        r.update(case=case.name, pattern=case.pattern, B=1, Hq=case.hq, Hkv=case.hkv, N=case.n, D=case.d,
-                 dtype=str(dtype).replace("torch.", ""))
-        if ours_t and r["impl"] in results and r["impl"] != "msa_codegen":
-            r["ratio_fwd"] = ours_t[0] / results[r["impl"]][0]
-            r["ratio_fwdbwd"] = ours_t[1] / results[r["impl"]][1]
+    label_rows(rows, case, results, dtype)
     return rows
 
 

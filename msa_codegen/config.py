@@ -52,7 +52,7 @@ _override: LaunchConfig | None = None
 _INTERPRETER = LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 32, 4, 1))
 
 
-def _hopper(device: torch.device, capability: str | None = None) -> bool:
+def tma_capable(device: torch.device, capability: str | None = None) -> bool:
     """Compute capability 9 or newer (tensor descriptors / TMA): the given ``"major.minor"``, else
     the device's; False for a CPU device or without a visible GPU."""
     if device.type != "cuda":
@@ -86,7 +86,7 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
         # Hopper and newer load K/V through tensor descriptors (ops._use_tma): 128-key blocks with
         # 3 stages measured 0.84x the time of the pointer loads' best (128, 64, 8, 3) on an H200
         # (benchmarks/ws_probe.py, NOTES.md run 11)
-        fwd = FwdConfig(128, 128, 8, 3) if _hopper(device, capability) else FwdConfig(128, 64, 8, 3)
+        fwd = FwdConfig(128, 128, 8, 3) if tma_capable(device, capability) else FwdConfig(128, 64, 8, 3)
         return LaunchConfig(fwd, BwdConfig(32, 64, 4, 2, 128, 64, 8, 3))
     # head dims above 128: the shapes ptxas compiles without spills for sm_90 (not yet timed)
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))

@@ -24,8 +24,8 @@ so they need the rows sorted by (segment, position) along the sequence; ``check_
 so when they are not. The dense oracle needs no order. The values are checked on the host (a
 few syncs), so under torch.compile the call breaks the graph before the custom op.
 
-Those checks run once per tensor *version*: ``attention`` passes ``remember=True`` and a check
-that passed on a tensor is not repeated while the same tensor object keeps its version counter,
+Those checks run once per tensor *version*: ``attention`` calls them through ``prepare``, and a
+check that passed on a tensor is not repeated while the same tensor object keeps its version counter,
 data pointer, shape and strides (``_Checked``). A training step that hands one ``cu_seqlens`` to
 every layer syncs once, not once per layer and direction. In-place writes through torch bump
 the version and re-check; writes that bypass the counter (``t.data``, a custom kernel) are not
@@ -106,7 +106,7 @@ class _Checked:
 
     def __init__(self):
         self._seen: collections.OrderedDict = collections.OrderedDict()
-        self.enabled = False   # set by ``resolve(remember=...)`` for the duration of one call
+        self.enabled = False   # set by ``prepare`` for the duration of one call
 
     @staticmethod
     def _sig(t: torch.Tensor):

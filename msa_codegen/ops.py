@@ -15,7 +15,7 @@ import math
 import torch
 
 from . import codegen
-from .config import LaunchConfig, current_config_list, from_list
+from .config import LaunchConfig, tma_capable, current_config_list, from_list
 from .lowering import MAX_SEQLEN, lower
 from .dynamic import prepare
 from .spec import Pattern, Spec, parse
@@ -111,7 +111,8 @@ def _tma_layout_ok(t: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=16)
 def _has_tma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+    # the same capability rule as the Hopper launch defaults, cached per device for the hot path
+    return tma_capable(torch.device("cuda", device_index))
 
 
 def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -191,8 +192,8 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
     for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices, inverse=False)
+        grid = (_seq_tiles(plan, n, c.block_m, positional), b * (h1 - h0))
         if positional:
-            grid = (_seq_tiles(plan, n, c.block_m, positional), b * (h1 - h0))
             kern[grid](
                 q, k, v, o, lse, rtab, *tstr, *_pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk),
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
@@ -201,7 +202,6 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
                 DOT_PREC=_dot_precision(q.dtype), num_warps=c.num_warps, num_stages=c.num_stages,
             )
             continue
-        grid = (_seq_tiles(plan, n, c.block_m, positional), b * (h1 - h0))
         kern[grid](
             q, k, v, o, lse, rtab, *tstr,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),

@@ -186,6 +186,16 @@ def topk_inputs(pattern, dup=True):
     return make
 
 
+def with_topk(pattern, make):
+    """``make``'s inputs (none when None), plus block_indices when the pattern has a topk term."""
+    def both(b, hq, hkv, nq, nk, gen):
+        out = make(b, hq, hkv, nq, nk, gen) if make else {}
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    return both
+
+
 TOPK_PATTERNS = [
     "topk=3,block=16",
     "causal=false,topk=2,block=32",
@@ -234,12 +244,7 @@ DOC_PATTERNS = [
 
 @pytest.mark.parametrize("pattern", DOC_PATTERNS)
 def test_cu_seqlens_fp32(pattern, device):
-    def make(b, hq, hkv, nq, nk, gen):
-        out = {"cu_seqlens": _docs(nq, gen, max_len=50)}
-        if "topk" in pattern:
-            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
-        return out
-    check_dynamic(pattern, b=1, hq=2, hkv=1, nq=150, device=device, make=make)
+    check_dynamic(pattern, b=1, hq=2, hkv=1, nq=150, device=device, make=with_topk(pattern, docs_inputs(50)))
 
 
 def pos_inputs(frac_q=0.3, frac_k=0.3, span=None, shape="bhn"):
@@ -270,12 +275,7 @@ POS_PATTERNS = [
 
 @pytest.mark.parametrize("pattern", POS_PATTERNS)
 def test_positions_fp32(pattern, device):
-    def make(b, hq, hkv, nq, nk, gen):
-        out = pos_inputs()(b, hq, hkv, nq, nk, gen)
-        if "topk" in pattern:
-            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
-        return out
-    check_dynamic(pattern, b=2, hq=2, hkv=1, nq=90, nk=130, device=device, make=make)
+    check_dynamic(pattern, b=2, hq=2, hkv=1, nq=90, nk=130, device=device, make=with_topk(pattern, pos_inputs()))
 
 
 def test_positions_broadcast_1d_fp16(device):

@@ -9,17 +9,9 @@ import torch
 
 import msa_codegen as msa
 
-from test_dynamic import bucket_inputs, check_dynamic, docs_inputs, pos_inputs, topk_inputs
+from test_dynamic import bucket_inputs, check_dynamic, docs_inputs, pos_inputs, with_topk
 
 pytestmark = pytest.mark.gpu
-
-
-def _with_topk(pattern, make):
-    def both(b, hq, hkv, nq, nk, gen):
-        out = make(b, hq, hkv, nq, nk, gen) if make else {}
-        out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
-        return out
-    return both
 
 
 def _selected(topk, block, make=None):
@@ -40,7 +32,7 @@ CASES = [
     ("docs-causal", "causal", docs_inputs(1000), (1, 4, 2, 4099, None, 128, torch.float16)),
     ("docs-bidir-global", "causal=false,global=16,window=128", docs_inputs(700), (1, 4, 2, 4096, None, 128, torch.bfloat16)),
     ("docs-random", "window=64,random=2,block=128", docs_inputs(900), (1, 4, 2, 4096, None, 64, torch.bfloat16)),
-    ("docs-topk", "window=128,topk=4,block=128", _with_topk("window=128,topk=4,block=128", docs_inputs(1500)),
+    ("docs-topk", "window=128,topk=4,block=128", with_topk("window=128,topk=4,block=128", docs_inputs(1500)),
      (1, 4, 2, 6000, None, 128, torch.bfloat16)),
     ("pos-window-sink", "window=512,sink=32", pos_inputs(span=8192), (1, 4, 2, 6000, 5000, 128, torch.bfloat16)),
     ("pos-causal", "causal", pos_inputs(span=8192), (2, 4, 2, 5734, 5734, 64, torch.bfloat16)),
@@ -51,7 +43,7 @@ CASES = [
     ("topk-select", "topk=8,block=128", _selected(8, 128), (1, 8, 2, 8192, None, 128, torch.bfloat16)),
     ("topk-window-sink", "window=256,sink=16,topk=4,block=64", _selected(4, 64), (2, 4, 2, 8000, None, 128, torch.bfloat16)),
     ("topk-random-bidir", "causal=false,window=64,random=2,topk=3,block=128",
-     _with_topk("causal=false,window=64,random=2,topk=3,block=128", None), (1, 4, 1, 4096, None, 64, torch.float16)),
+     with_topk("causal=false,window=64,random=2,topk=3,block=128", None), (1, 4, 1, 4096, None, 64, torch.float16)),
 ]
 
 
