@@ -18,8 +18,8 @@ FWD = [FwdConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2
                                (128, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 3),
                                (128, 128, 4, 3), (64, 128, 4, 3)]]
 DKDV = [(32, 64, 4, 2), (16, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (16, 128, 4, 2), (64, 32, 4, 2),
-        (32, 64, 4, 3), (64, 128, 8, 2)]
-DQ = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2)]
+        (32, 64, 4, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 3), (64, 128, 8, 1)]
+DQ = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2), (128, 128, 8, 2), (128, 32, 8, 3)]
 
 
 def main():
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--fwd-only", action="store_true", help="only the forward configurations, no profile")
+    ap.add_argument("--bwd-only", action="store_true", help="only the backward configurations")
     ap.add_argument("--pointers", action="store_true", help="K/V through pointer loads, not tensor descriptors")
     a = ap.parse_args()
     if a.pointers:
@@ -45,7 +46,7 @@ def main():
     base = default_config(dev, a.head_dim, torch.bfloat16)
     print(f"{a.pattern} H={a.heads} N={a.n} D={a.head_dim}; default {base}")
     rows = []
-    for f in FWD:
+    for f in ([] if a.bwd_only else FWD):
         cfg = LaunchConfig(f, base.bwd)
         try:
             with use_config(cfg):
