@@ -32,7 +32,17 @@ def main():
     ap.add_argument("--fwd-only", action="store_true", help="only the forward configurations, no profile")
     ap.add_argument("--bwd-only", action="store_true", help="only the backward configurations")
     ap.add_argument("--pointers", action="store_true", help="K/V through pointer loads, not tensor descriptors")
+    ap.add_argument("--fwd", help="forward configs to time instead of the built-in list: 'm,n,warps,stages;...'")
+    ap.add_argument("--dkdv", help="dk/dv configs (block_m1,block_n1,warps,stages;...) instead of the built-in list")
+    ap.add_argument("--dq", help="dq configs (block_m2,block_n2,warps,stages;...) instead of the built-in list")
     a = ap.parse_args()
+    global FWD, DKDV, DQ
+    if a.fwd:
+        FWD = [FwdConfig(*c) for c in _configs(a.fwd)]
+    if a.dkdv:
+        DKDV = _configs(a.dkdv)
+    if a.dq:
+        DQ = _configs(a.dq)
     if a.pointers:
         import msa_codegen.ops as ops
 
@@ -62,6 +72,10 @@ def main():
         _profile(q, k, v, do, a)
     for r in rows:
         print(f"{r[0]:4s} {str(r[1]):90s} {r[2]:9.3f} ms  {r[3] if isinstance(r[3], str) else f'{r[3]:6.1f} TF/s'}")
+
+
+def _configs(text):
+    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
 
 
 def _profile(q, k, v, do, a):

@@ -115,11 +115,13 @@ def _has_tma(device_index: int) -> bool:
     return tma_capable(torch.device("cuda", device_index))
 
 
-def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Tensor-descriptor loads of the operand pair a, b: Hopper or newer (or Triton's interpreter,
-    which runs the same code on the CPU), and layouts TMA can address; else pointer loads."""
+def _use_tma(*tensors: torch.Tensor) -> bool:
+    """Tensor-descriptor loads of a kernel's operands: Hopper or newer (or Triton's interpreter,
+    which runs the same code on the CPU), and layouts TMA can address for every one of them;
+    else pointer loads."""
     if not USE_TMA:
         return False
+    a = tensors[0]
     if a.device.type == "cuda":
         if not _has_tma(a.device.index if a.device.index is not None else torch.cuda.current_device()):
             return False
@@ -129,7 +131,7 @@ def _use_tma(a: torch.Tensor, b: torch.Tensor) -> bool:
             return False
     elif not codegen.interpreting():
         return False
-    if not (_tma_layout_ok(a) and _tma_layout_ok(b)):
+    if not all(_tma_layout_ok(t) for t in tensors):
         return False
     _ensure_allocator()
     return True
@@ -188,7 +190,8 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
         return o.zero_(), lse.fill_(float("-inf"))
     c = cfg.fwd
     positional = q_pos is not None
-    tma = not positional and _use_tma(k, v)
+    tma = not positional and _use_tma(q, k, v)
+    fold = scale > 0   # the scale folded into the exponent (a sign flip would turn maxima into minima)
     for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices, inverse=False)
@@ -199,7 +202,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
                 h0, h1 - h0, group, n, nk, scale * LOG2E,
                 HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                DOT_PREC=_dot_precision(q.dtype), num_warps=c.num_warps, num_stages=c.num_stages,
+                DOT_PREC=_dot_precision(q.dtype), FOLD=fold, num_warps=c.num_warps, num_stages=c.num_stages,
             )
             continue
         kern[grid](
@@ -207,7 +210,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
             h0, h1 - h0, group, n, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-            DOT_PREC=_dot_precision(q.dtype), TMA=tma, num_warps=c.num_warps, num_stages=c.num_stages,
+            DOT_PREC=_dot_precision(q.dtype), TMA=tma, FOLD=fold, num_warps=c.num_warps, num_stages=c.num_stages,
         )
     return o, lse
 
@@ -230,9 +233,9 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
         dlse = dlse.to(torch.float32).contiguous()
     groups = _groups(pattern, hq, positional, q_seg is not None, index_classes)
-    # the plain kernels stream K/V (dq) and Q/dO (dk/dv) through tensor descriptors where they can
-    tma_dq = {} if positional else {"TMA": _use_tma(k, v)}
-    tma_dkdv = {} if positional else {"TMA": _use_tma(q, do)}
+    # the plain kernels read Q/dO and stream K/V (dq), read K/V and stream Q/dO (dk/dv) through
+    # tensor descriptors where they can
+    tma_dq = tma_dkdv = {} if positional else {"TMA": _use_tma(q, k, v, do)}
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
     split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)

@@ -79,8 +79,12 @@ def test_strided_bnhd_layout(device):
     check_attention("window=16,dilation=2,sink=4", b=2, hq=4, hkv=2, n=77, d=32, layout="bnhd", device=device)
 
 
-def test_custom_scale(device):
-    check_attention("window=12", n=64, scale=0.37, device=device)
+@pytest.mark.parametrize("scale", [0.37, -0.5, 0.0])
+def test_custom_scale(scale, device):
+    """A positive scale is folded into the exponent (the row maxima are taken on raw scores); a
+    negative or zero one takes the unfolded path, where a maximum of raw scores would be wrong."""
+    check_attention("window=12,sink=3", n=64, scale=scale, device=device)
+    check_attention("window=12,sink=3", n=64, scale=scale, dtype=torch.float16, device=device)
 
 
 @pytest.mark.parametrize("cfg", [
