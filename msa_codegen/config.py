@@ -87,7 +87,9 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
         # 3 stages measured 0.84x the time of the pointer loads' best (128, 64, 8, 3) on an H200
         # (benchmarks/ws_probe.py, NOTES.md run 11)
         fwd = FwdConfig(128, 128, 8, 3) if tma_capable(device, capability) else FwdConfig(128, 64, 8, 3)
-        return LaunchConfig(fwd, BwdConfig(32, 64, 4, 2, 128, 64, 8, 3))
+        # dk/dv (64, 64, 4, 2) with K/V held through descriptors: 30.38 ms against 31.81 for
+        # (32, 64, 4, 2), window=4096 H=16 N=131072 (NOTES.md run 15)
+        return LaunchConfig(fwd, BwdConfig(64, 64, 4, 2, 128, 64, 8, 3))
     # head dims above 128: the shapes ptxas compiles without spills for sm_90 (not yet timed)
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))
 

@@ -101,6 +101,11 @@ def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=Non
 USE_TMA = True
 
 
+#: a positive scale folded into the exponent of the forward's softmax (``_softmax_step``); tests
+#: and benchmarks switch it off to cover and time the unfolded path that other scales take
+FOLD_SCALE = True
+
+
 def _tma_layout_ok(t: torch.Tensor) -> bool:
     """TMA's needs: unit stride along D, a 16-byte aligned base and 16-byte multiples as strides."""
     es = t.element_size()
@@ -191,7 +196,7 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
     c = cfg.fwd
     positional = q_pos is not None
     tma = not positional and _use_tma(q, k, v)
-    fold = scale > 0   # the scale folded into the exponent (a sign flip would turn maxima into minima)
+    fold = FOLD_SCALE and scale > 0   # the scale folded into the exponent (a sign flip would turn maxima into minima)
     for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices, inverse=False)
