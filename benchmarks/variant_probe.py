@@ -1,0 +1,169 @@
+"""A/B of edits to the generated kernels, in one process (issue 4, run 15).
+
+    PYTHONPATH=$PWD python3 benchmarks/variant_probe.py [--pattern window=4096] [--n 131072] [--heads 16]
+        [--head-dim 128] [--rep 150] [--rounds 2] [--only NAME,...]
+
+Renders the pattern's real forward and backward sources, applies each variant's text edits
+(every edit must match, else the variant is reported as not applicable), loads the edited
+module in place of the generated one and times ``msa_codegen.attention`` with it: forward, or
+backward (``torch.autograd.grad`` of one forward) for the variants that edit the backward.
+The unedited kernels are timed in every round too, so the ratios compare like with like; each
+variant's output (or gradients) is checked against the unedited kernels' first. Not part of the
+package: it decides which template edit is worth making.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton.testing
+
+# (name, direction, edits): an edit is (old, new) on the rendered source, or ("re", pattern, repl)
+VARIANTS = [
+    ("fwd: scale not folded (ops.FOLD_SCALE=False)", "fwd", "nofold"),
+    ("fwd: folded, contraction instead of tl.fma", "fwd",
+     [("tl.math.exp2(tl.fma(b_s, qk_scale, -m_use[:, None]))", "tl.math.exp2(b_s * qk_scale - m_use[:, None])")]),
+    ("fwd: folded in unmasked blocks only", "fwd", [(", FOLD=FOLD, MASKED=True", ", FOLD=False, MASKED=True")]),
+    ("fwd: folded in unmasked blocks only, contraction", "fwd", [(", FOLD=FOLD, MASKED=True", ", FOLD=False, MASKED=True"),
+     ("tl.math.exp2(tl.fma(b_s, qk_scale, -m_use[:, None]))", "tl.math.exp2(b_s * qk_scale - m_use[:, None])")]),
+    ("fwd: Q through pointers", "fwd",
+     [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, TMA)",
+       "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, False)")]),
+    ("fwd: diagonal block first, then band, then lower edge", "fwd", ["diag_first"]),
+    ("fwd: diag first + contraction", "fwd", ["diag_first",
+     ("tl.math.exp2(tl.fma(b_s, qk_scale, -m_use[:, None]))", "tl.math.exp2(b_s * qk_scale - m_use[:, None])")]),
+    ("bwd: dk/dv K/V through pointers", "bwd",
+     [("b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, BLOCK_D, TMA)",
+       "b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, BLOCK_D, False)"),
+      ("b_v = _load_tile(v_base, vd, b0, j, (b0 + offs_n) < n_r, stride_vn, stride_vd, m_d, BLOCK_D, TMA)",
+       "b_v = _load_tile(v_base, vd, b0, j, (b0 + offs_n) < n_r, stride_vn, stride_vd, m_d, BLOCK_D, False)")]),
+    ("bwd: dq Q/dO through pointers", "bwd",
+     [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, TMA)",
+       "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, False)"),
+      ("b_do = _load_tile(do_base, dod, a0, i, m_row, stride_don, stride_dod, m_d, BLOCK_D, TMA)",
+       "b_do = _load_tile(do_base, dod, a0, i, m_row, stride_don, stride_dod, m_d, BLOCK_D, False)")]),
+]
+
+
+def _diag_first(src: str) -> str:
+    # the three W-phase calls of the forward: lower edge (masked), band, diagonal (masked) ->
+    # diagonal, band, lower edge
+    lines = src.split("\n")
+    idx = [n for n, line in enumerate(lines) if "PHASE=PH_W)" in line and "_fwd_loop(" in line]
+    if len(idx) != 3:
+        raise KeyError("three W-phase forward calls")
+    lines[idx[0]], lines[idx[2]] = lines[idx[2]], lines[idx[0]]
+    return "\n".join(lines)
+
+
+def _edit(src: str, edits) -> str:
+    for e in edits:
+        if e == "diag_first":
+            src = _diag_first(src)
+        elif e[0] == "re":
+            src, n = re.subn(e[1], e[2], src)
+            if not n:
+                raise KeyError(e[1])
+        else:
+            if e[0] not in src:
+                raise KeyError(e[0][:60])
+            src = src.replace(e[0], e[1])
+    return src
+
+
+def _load_source(src: str, tag: str):
+    path = Path(tempfile.mkdtemp()) / f"msa_variant_{tag}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"msa_variant_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pattern", default="window=4096")
+    ap.add_argument("--n", type=int, default=131072)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--rep", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", help="comma-separated substrings of variant names")
+    args = ap.parse_args(argv)
+    import msa_codegen as msa
+    from msa_codegen import codegen, ops
+    from msa_codegen.lowering import lower
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v, do = (torch.randn(1, args.heads, args.n, args.head_dim, device=dev, dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    plan = lower(msa.parse(args.pattern).groups[0].spec)
+    originals = {d: codegen.load(plan, d) for d in codegen.DIRECTIONS}
+    sources = {d: codegen.render(plan, d) for d in codegen.DIRECTIONS}
+
+    def fwd():
+        return msa.attention(q, k, v, args.pattern)
+
+    out = fwd()
+
+    def bwd():
+        return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+    ref = {"fwd": fwd().detach(), "bwd": [t.detach() for t in bwd()]}
+    variants = [x for x in VARIANTS if not args.only or any(s in x[0] for s in args.only.split(","))]
+    mods = {}
+    for name, direction, edits in variants:
+        if edits == "nofold":
+            continue
+        try:
+            mods[name] = _load_source(_edit(sources[direction], edits), str(len(mods)))
+        except KeyError as e:
+            print(f"{name}: not applicable, edit not found: {e}", flush=True)
+
+    def timed(direction):
+        if direction == "fwd":
+            return triton.testing.do_bench(fwd, rep=args.rep)
+        return triton.testing.do_bench(bwd, rep=args.rep)
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    print(f"{args.pattern} H={args.heads} N={args.n} D={args.head_dim}", flush=True)
+    for rnd in range(args.rounds):
+        base = {d: timed(d) for d in ("fwd", "bwd")}
+        print(f"round {rnd}: unedited fwd {base['fwd']:8.3f} ms, bwd {base['bwd']:8.3f} ms", flush=True)
+        for name, direction, edits in variants:
+            if edits != "nofold" and name not in mods:
+                continue
+            key = (plan, direction, False)
+            try:
+                if edits == "nofold":
+                    ops.FOLD_SCALE = False
+                else:
+                    codegen._modules[key] = mods[name]
+                if direction == "fwd":
+                    err = rel(fwd(), ref["fwd"])
+                else:
+                    err = max(rel(a, b) for a, b in zip(bwd(), ref["bwd"]))
+                ms = timed(direction)
+                print(f"  {name:60s} {ms:8.3f} ms  x{ms / base[direction]:6.3f}  err {err:.1e}", flush=True)
+            except Exception as e:   # reported, never dropped
+                print(f"  {name:60s} failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}",
+                      flush=True)
+            finally:
+                ops.FOLD_SCALE = True
+                codegen._modules[key] = originals[direction]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
