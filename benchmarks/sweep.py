@@ -53,7 +53,7 @@ def main():
         t.requires_grad_()
     spec = msa.parse(a.pattern).groups[0].spec
     flops = 4.0 * a.head_dim * a.heads * attended_pairs(spec, a.n)
-    base = default_config(dev, a.head_dim, torch.bfloat16)
+    base = default_config(dev, a.head_dim, torch.bfloat16, pattern=str(msa.parse(a.pattern)))
     print(f"{a.pattern} H={a.heads} N={a.n} D={a.head_dim}; default {base}")
     rows = []
     for f in ([] if a.bwd_only else FWD):

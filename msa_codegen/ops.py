@@ -101,6 +101,10 @@ def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=Non
 USE_TMA = True
 
 
+#: launch options of every kernel: FP contraction on explicitly (the folded scale is one FFMA per
+#: score; Triton 3.9 warns that its default turns it off in 3.10)
+_LAUNCH = {"enable_fp_fusion": True}
+
 #: a positive scale folded into the exponent of the forward's softmax (``_softmax_step``); tests
 #: and benchmarks switch it off to cover and time the unfolded path that other scales take
 FOLD_SCALE = True
@@ -196,7 +200,8 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
     c = cfg.fwd
     positional = q_pos is not None
     tma = not positional and _use_tma(q, k, v)
-    fold = FOLD_SCALE and scale > 0   # the scale folded into the exponent (a sign flip would turn maxima into minima)
+    # the scale folded into the exponent: positive scales only (a negative one turns maxima into minima)
+    fold = FOLD_SCALE and scale > 0
     for h0, h1, spec, plan in _groups(pattern, hq, positional, q_seg is not None, index_classes):
         kern = codegen.load(plan, "fwd").msa_fwd
         rtab, _, _, tstr, _ = _tables(spec, n, q.device, nk, block_indices, inverse=False)
@@ -207,7 +212,8 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
                 h0, h1 - h0, group, n, nk, scale * LOG2E,
                 HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                DOT_PREC=_dot_precision(q.dtype), FOLD=fold, num_warps=c.num_warps, num_stages=c.num_stages,
+                DOT_PREC=_dot_precision(q.dtype), FOLD=fold,
+                num_warps=c.num_warps, num_stages=c.num_stages, **_LAUNCH,
             )
             continue
         kern[grid](
@@ -215,7 +221,8 @@ def _fwd(q, k, v, pattern: str, scale: float, cfg: LaunchConfig, q_pos=None, k_p
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
             h0, h1 - h0, group, n, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-            DOT_PREC=_dot_precision(q.dtype), TMA=tma, FOLD=fold, num_warps=c.num_warps, num_stages=c.num_stages,
+            DOT_PREC=_dot_precision(q.dtype), TMA=tma, FOLD=fold,
+            num_warps=c.num_warps, num_stages=c.num_stages, **_LAUNCH,
         )
     return o, lse
 
@@ -256,7 +263,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             o, do, dlse if dlse is not None else lse, delta,
             *o.stride(), *do.stride(), delta.stride(0), delta.stride(1),
             h0, hs, n,
-            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None,
+            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None, **_LAUNCH,
         )
         grid = (_seq_tiles(plan, n, c.block_m2, positional), b * hs)
         mod.msa_bwd_dq[grid](
@@ -264,7 +271,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
             h0, hs, group, n, *((nk,) if positional else ()), scale * LOG2E, scale,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma_dq,
-            num_warps=c.num_warps2, num_stages=c.num_stages2,
+            num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
         )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
         if split:
@@ -276,7 +283,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         hks = hk1 - hk0
         common = (q, k, v, do, lse, delta)
         consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
-                      num_warps=c.num_warps1, num_stages=c.num_stages1)
+                      num_warps=c.num_warps1, num_stages=c.num_stages1, **_LAUNCH)
         if positional:
             # one key tile per program owns every key (no prefix tiles): see the positional template
             mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * hks)](

@@ -188,6 +188,8 @@ def test_descriptor_loads_need_aligned_layouts(device):
     # k's base 2 bytes past an aligned address
     k_off = torch.randn(50 * 32 + 1, device=device).to(torch.float16)[1:].view(1, 1, 50, 32).requires_grad_()
     assert not ops._tma_layout_ok(k_off) and not ops._use_tma(k_off, v)
+    # one unaligned operand of a kernel (here q of the forward) and none of them uses descriptors
+    assert not ops._use_tma(k_off, q, v) and ops._use_tma(q, k, v)
     # head dim 20 in fp16: rows 40 bytes apart
     q20, k20, v20, _ = make_inputs(1, 2, 1, 50, 20, torch.float16, device)
     assert not ops._use_tma(k20, v20)

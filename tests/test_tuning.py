@@ -157,11 +157,33 @@ def test_shipped_copy(tmp_path, monkeypatch):
     assert which().source == f"shipped db {dst} (h200, bucket 131072)"
 
 
+# ---- heuristic defaults -----------------------------------------------------------------------
+
+def test_narrow_band_forward_default():
+    """Windows whose band is below NARROW_BAND keys run the Hopper forward in 64 x 64 tiles; wide
+    windows, dense patterns, global rows, random or top-k blocks and mixed groups keep 128 x 128,
+    and GPUs without TMA their own default."""
+    from msa_codegen.config import narrow_band
+
+    assert narrow_band("causal=false,window=512") and narrow_band("window=1024,sink=64")
+    for p in ("window=4096", "causal=false,window=1024", "causal", "causal=false,global=3,window=7",
+              "window=512,random=2", "0-7:window=512;8-15:window=8192", None):
+        assert not narrow_band(p), p
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    assert default_config(cuda, 128, bf16, "9.0", "causal=false,window=512").fwd == FwdConfig(64, 64, 4, 3)
+    assert default_config(cuda, 128, bf16, "9.0", "window=4096").fwd == FwdConfig(128, 128, 8, 3)
+    assert default_config(cuda, 128, bf16, "9.0").fwd == FwdConfig(128, 128, 8, 3)
+    assert default_config(cuda, 128, bf16, "8.0", "causal=false,window=512").fwd == FwdConfig(128, 64, 8, 3)
+    # the backward is not affected
+    assert (default_config(cuda, 128, bf16, "9.0", "causal=false,window=512").bwd
+            == default_config(cuda, 128, bf16, "9.0").bwd)
+
+
 # ---- lookup order -----------------------------------------------------------------------------
 
 def test_lookup_order(tmp_home, tmp_path):
     user, shipped = tmp_home / "tuning.db", tmp_path / "shipped.db"
-    heuristic = default_config(torch.device("cuda"), 128, torch.bfloat16, "9.0")   # which() asks for an sm_90 GPU
+    heuristic = default_config(torch.device("cuda"), 128, torch.bfloat16, "9.0", PATTERN)   # which() asks for sm_90
     # nothing anywhere: the heuristic
     res = which()
     assert res.source == "heuristic default" and res.config == heuristic

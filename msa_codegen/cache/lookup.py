@@ -255,7 +255,7 @@ def _resolve_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: 
     canon = canonical_pattern(pattern)
     b = _bucket(seqlen)
     default = _config.default_config(torch.device("cuda" if cuda else "cpu"), head_dim, getattr(torch, dtype),
-                                     capability if cuda else None)
+                                     capability if cuda else None, canon)
     query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
                  triton_version=tv, template_hash=th)
     dbs = []

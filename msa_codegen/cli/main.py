@@ -91,7 +91,8 @@ def _launch_header(pat, args) -> str:
     if torch.cuda.is_available():
         cfg, source = lookup_config(torch.device("cuda"), str(pat), d, dtype, 1, args.seqlen)
     else:
-        cfg, source = default_config(torch.device("cuda"), d, dtype), "heuristic default for a GPU (none here)"
+        cfg, source = default_config(torch.device("cuda"), d, dtype, pattern=str(pat)), \
+            "heuristic default for a GPU (none here)"
     c = dataclasses.asdict(cfg.fwd if args.direction == "fwd" else cfg.bwd)
     # TMA: the plain kernels' streamed operands through tensor descriptors (ops._use_tma)
     tma = "TMA=True on compute capability >= 9 for bf16/fp16 with 16-byte aligned layouts, else False"

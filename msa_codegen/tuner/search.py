@@ -144,7 +144,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                      smem_bytes=_space.device_smem_bytes(dev) if not interp else 1 << 30)
     knobs = _space.knobs(direction, interp)
     valid = _space.candidates(direction, env)
-    default = default_config(dev, problem.head_dim, problem.dtype)
+    default = default_config(dev, problem.head_dim, problem.dtype, pattern=problem.pattern)
     default_params = _space.params_of(direction, default)
     # our schema first: a foreign or newer file is refused before Optuna adds its tables to it
     TuningDB(db_path).close()
