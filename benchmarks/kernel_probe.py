@@ -33,6 +33,12 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    # a descriptor over the (rows, HEAD_DIM) contiguous view of a (B*H*N, D) tensor
+    return tl.make_tensor_descriptor(T, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK, HEAD_DIM])
+
+
 # ---- forward ---------------------------------------------------------------------------------
 
 @triton.jit
@@ -107,10 +113,9 @@ def _win_fwd(Q, K, V, O, LSE, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: t
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     i = a0 + offs_m
-    qd = tl.make_tensor_descriptor(Q, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    kd = tl.make_tensor_descriptor(K, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    vd = tl.make_tensor_descriptor(V, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    q = qd.load([row0 + a0, 0])
+    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
+    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
+    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + a0, 0])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -182,13 +187,11 @@ def _win_bwd(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, N, BH, qk_scale, sm_scale, WIN
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     j = b0 + offs_n
-    kvd_k = tl.make_tensor_descriptor(K, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    kvd_v = tl.make_tensor_descriptor(V, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    qd = tl.make_tensor_descriptor(Q, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    dod = tl.make_tensor_descriptor(DO, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    dqd = tl.make_tensor_descriptor(DQ, shape=[BH * N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k = kvd_k.load([row0 + b0, 0])
-    v = kvd_v.load([row0 + b0, 0])
+    qd = _rows(Q, BH * N, HEAD_DIM, BLOCK_M)
+    dod = _rows(DO, BH * N, HEAD_DIM, BLOCK_M)
+    dqd = _rows(DQ, BH * N, HEAD_DIM, BLOCK_M)
+    k = _rows(K, BH * N, HEAD_DIM, BLOCK_N).load([row0 + b0, 0])
+    v = _rows(V, BH * N, HEAD_DIM, BLOCK_N).load([row0 + b0, 0])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     diag_hi = tl.minimum(b0 + BLOCK_N, N)
@@ -237,6 +240,18 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _measure(label, run, error, bench, tflops, base):
+    """Check one variant against our kernels' result, then time it; a failure is reported."""
+    try:
+        err = error(run())
+        if not err < 2e-2:
+            raise RuntimeError(f"wrong result: {err:.2e}")
+        ms = bench(run)
+        print(f"{label:40s} {ms:8.3f} {tflops(ms):6.0f} {ms / base:6.3f} {err:8.1e}", flush=True)
+    except Exception as e:   # reported, never dropped
+        print(f"{label:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=131072)
@@ -275,17 +290,9 @@ def main(argv=None):
             ms = bench(lambda: msa.attention(q, k, v, pattern))
             print(f"{'ours fwd, FOLD_SCALE=' + str(fold):40s} {ms:8.3f} {tf(ms, 1):6.0f} {ms / base:6.3f}", flush=True)
         for name, mode, pipe, st in FWD_VARIANTS:
-            label = f"fwd {name} M128 N128 s{st} w8"
-            try:
-                o, lse = fwd(q, k, v, w, mode, pipe, stages=st)
-                err = max(_rel(o, ref), (lse - ref_lse).abs().max().item())
-                if not err < 2e-2:
-                    raise RuntimeError(f"wrong result: {err:.2e}")
-                ms = bench(lambda: fwd(q, k, v, w, mode, pipe, stages=st))
-                print(f"{label:40s} {ms:8.3f} {tf(ms, 1):6.0f} {ms / base:6.3f} {err:8.1e}", flush=True)
-            except Exception as e:   # reported, never dropped
-                print(f"{label:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}",
-                      flush=True)
+            run = lambda: fwd(q, k, v, w, mode, pipe, stages=st)
+            err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
+            _measure(f"fwd {name} M128 N128 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
     if args.only != "fwd":
         o = ref.detach()
         lse = ref_lse.detach()
@@ -294,17 +301,9 @@ def main(argv=None):
         base = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
         print(f"{'ours bwd ' + pattern:40s} {base:8.3f} {tf(base, 2.5):6.0f} {1.0:6.3f}", flush=True)
         for name, mode, bm, bn, warps, stages in BWD_VARIANTS:
-            label = f"bwd {name} M{bm} N{bn} w{warps} s{stages}"
-            try:
-                dq, dk, dv = bwd(q, k, v, o, do, lse, w, mode, bm, bn, warps, stages)
-                err = max(_rel(dk, rk), _rel(dv, rv), _rel(dq, rq) if dq is not None else 0.0)
-                if not err < 2e-2:
-                    raise RuntimeError(f"wrong result: {err:.2e}")
-                ms = bench(lambda: bwd(q, k, v, o, do, lse, w, mode, bm, bn, warps, stages))
-                print(f"{label:40s} {ms:8.3f} {tf(ms, 2.5):6.0f} {ms / base:6.3f} {err:8.1e}", flush=True)
-            except Exception as e:   # reported, never dropped
-                print(f"{label:40s} failed: {type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}",
-                      flush=True)
+            run = lambda: bwd(q, k, v, o, do, lse, w, mode, bm, bn, warps, stages)
+            err = lambda res: max(_rel(res[1], rk), _rel(res[2], rv), _rel(res[0], rq) if res[0] is not None else 0.0)
+            _measure(f"bwd {name} M{bm} N{bn} w{warps} s{stages}", run, err, bench, lambda ms: tf(ms, 2.5), base)
     return 0
 
 
