@@ -209,4 +209,6 @@ def test_render_names_the_launch_of_a_head_dim_and_dtype(tmp_path):
     assert "TMA=True on compute capability >= 9" in first
     assert second.startswith("# bwd config: block_m1=") and "(" in second
     assert third.startswith("# generated from msa_codegen/templates/bwd.py.jinja")
-    assert "def msa_bwd_dkdv" in p.stdout
+    assert "def msa_bwd_dkdv" in p.stdout and "FOLD" not in first
+    p = _ok(run([*CODEGEN, "render", "--pattern", "window=64", "--head-dim", "64"], tmp_path))
+    assert "FOLD=True for a positive scale" in p.stdout.splitlines()[0]

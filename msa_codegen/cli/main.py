@@ -94,8 +94,11 @@ def _launch_header(pat, args) -> str:
         cfg, source = default_config(torch.device("cuda"), d, dtype, pattern=str(pat)), \
             "heuristic default for a GPU (none here)"
     c = dataclasses.asdict(cfg.fwd if args.direction == "fwd" else cfg.bwd)
-    # TMA: the plain kernels' streamed operands through tensor descriptors (ops._use_tma)
+    # TMA: the plain kernels' operands through tensor descriptors (ops._use_tma); FOLD: the
+    # forward's scale folded into the exponent (ops._fwd)
     tma = "TMA=True on compute capability >= 9 for bf16/fp16 with 16-byte aligned layouts, else False"
+    if args.direction == "fwd":
+        tma += "; FOLD=True for a positive scale, else False"
     return (f"# launched for head dim {d}, {DTYPES[args.dtype]}, N={args.seqlen}: HEAD_DIM={d} BLOCK_D={block_d} "
             f"DOT_PREC={prec!r} {tma}\n# {args.direction} config: {' '.join(f'{k}={v}' for k, v in c.items())} "
             f"({source})\n")
