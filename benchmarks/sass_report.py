@@ -1,0 +1,139 @@
+"""Registers, spills and loop bodies of the generated kernels for sm_90, without a GPU.
+
+    python benchmarks/sass_report.py [--pattern window=4096] [--kernel msa_bwd_dkdv] [--config 64,64,4,2]
+        [--head-dim 128] [--variant NAME]
+
+Compiles one generated kernel (bf16, tensor descriptors on) for an sm_90 target with the Triton
+that is installed (its bundled ptxas) and prints ptxas's register count and stack bytes, then,
+for every loop that issues wgmma (HGMMA), its length in instructions, the local-memory spill
+instructions in it, and where each HGMMA shape reads its A operand (registers or shared
+memory). ``--variant`` applies one of ``variant_probe.py``'s text edits first. To see what the
+GPU image compiles, install its Triton beside the project's, e.g. ``pip install --no-deps
+--target /tmp/t36 triton==3.6.0`` and run with ``PYTHONPATH=/tmp/t36:$PWD``. Not part of the
+package: it turns a suspicion about register pressure into numbers before a GPU run.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_INTS = ("H_OFF", "H", "GROUP", "N", "HK", "KV_OFF", "Q_CHUNK")
+_FP32 = ("LSE", "DELTA", "DLSE", "DK", "DV")
+_TABLES = ("RTAB", "ROFF", "RINV")
+
+
+def compile_sm90(kern, consts: dict, warps: int, stages: int):
+    sig, cs = {}, {}
+    for idx, name in enumerate(kern.arg_names):
+        if kern.params[idx].is_constexpr:
+            sig[name] = "constexpr"
+            cs[(idx,)] = consts[name]
+        elif name in _INTS or name.startswith("stride_"):
+            sig[name] = "i32"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        elif name in _FP32:
+            sig[name] = "*fp32"
+        elif name in _TABLES:
+            sig[name] = "*i32"
+        else:
+            sig[name] = "*bf16"
+    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True))
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def report(compiled, label: str) -> None:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", f.name], capture_output=True, text=True).stdout
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    at = {a: n for n, (a, _) in enumerate(ins)}
+    regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
+    print(f"{label}: {regs}, shared {compiled.metadata.shared} B, {len(ins)} instructions", flush=True)
+    for n, (a, text) in enumerate(ins):
+        target = re.findall(r"0x([0-9a-f]+)", text) if "BRA" in text else []
+        if not target or int(target[-1], 16) >= a or int(target[-1], 16) not in at:
+            continue
+        start = int(target[-1], 16)
+        span = ins[at[start]:n + 1]
+        body = [t for _, t in span]
+        ops = collections.Counter((t.split()[1] if t.startswith("@") else t.split()[0]) for t in body)
+        if not any(k.startswith("HGMMA") for k in ops):
+            continue
+        # innermost loops only: one holding another backward branch into itself is an outer loop
+        if any("BRA" in t and re.findall(r"0x([0-9a-f]+)", t) and start <= int(re.findall(r"0x([0-9a-f]+)", t)[-1], 16) < b
+               for b, t in span[:-1]):
+            continue
+        spills = sum(v for k, v in ops.items() if k.startswith(("STL", "LDL")))
+        sources = collections.Counter()
+        for t in body:
+            m = re.match(r"(?:@!?U?P\w+\s+)?(HGMMA\.\S+)\s+R\d+,\s*(\S+?),", t)
+            if m:
+                sources[(m.group(1), "smem" if m.group(2).startswith("gdesc") else "registers")] += 1
+        src = ", ".join(f"{shape} A from {where} x{c}" for (shape, where), c in sorted(sources.items()))
+        print(f"  loop of {len(body)} instructions: {spills} spill loads/stores, {ops.get('MUFU.EX2', 0)} MUFU.EX2, "
+              f"{ops.get('FSEL', 0)} FSEL; {src}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pattern", default="window=4096")
+    ap.add_argument("--kernel", default="msa_bwd_dkdv", choices=["msa_fwd", "msa_bwd_dq", "msa_bwd_dkdv"])
+    ap.add_argument("--config", default="64,64,4,2", help="block_m,block_n,warps,stages of that kernel")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--variant", help="a variant_probe.py variant name (substring) to apply first")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import msa_codegen as msa
+    from msa_codegen import codegen
+    from msa_codegen.lowering import lower
+    from msa_codegen.ops import _block_d
+
+    plan = lower(msa.parse(args.pattern).groups[0].spec)
+    direction = "fwd" if args.kernel == "msa_fwd" else "bwd"
+    src = codegen.render(plan, direction)
+    label = f"{args.kernel} {args.pattern} D={args.head_dim} config {args.config}"
+    if args.variant:
+        import variant_probe
+
+        picked = [v for v in variant_probe.VARIANTS if args.variant in v[0] and v[1] == direction]
+        if len(picked) != 1 or picked[0][2] == "nofold":
+            raise SystemExit(f"--variant {args.variant!r}: expected one text-edit variant of {direction}, "
+                             f"got {[v[0] for v in picked]}")
+        src = variant_probe._edit(src, picked[0][2])
+        label += f", variant {picked[0][0]!r}"
+    path = Path(tempfile.mkdtemp()) / f"msa_sass_{direction}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    bm, bn, warps, stages = (int(x) for x in args.config.split(","))
+    d = args.head_dim
+    consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, DOT_PREC="tf32", TMA=True, FOLD=True,
+                  PREFIX_TILES=False)
+    print(f"Triton {triton.__version__}, sm_90", flush=True)
+    report(compile_sm90(getattr(mod, args.kernel), consts, warps, stages), label)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
