@@ -25,33 +25,6 @@ import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
-_INTS = ("H_OFF", "H", "GROUP", "N", "HK", "KV_OFF", "Q_CHUNK")
-_FP32 = ("LSE", "DELTA", "DLSE", "DK", "DV")
-_TABLES = ("RTAB", "ROFF", "RINV")
-
-
-def compile_sm90(kern, consts: dict, warps: int, stages: int):
-    sig, cs = {}, {}
-    for idx, name in enumerate(kern.arg_names):
-        if kern.params[idx].is_constexpr:
-            sig[name] = "constexpr"
-            cs[(idx,)] = consts[name]
-        elif name in _INTS or name.startswith("stride_"):
-            sig[name] = "i32"
-        elif name in ("qk_scale", "sm_scale"):
-            sig[name] = "fp32"
-        elif name in _FP32:
-            sig[name] = "*fp32"
-        elif name in _TABLES:
-            sig[name] = "*i32"
-        else:
-            sig[name] = "*bf16"
-    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True))
-
 
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
@@ -101,8 +74,10 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--variant", help="a variant_probe.py variant name (substring) to apply first")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).parent))
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent / "tests")]
     import msa_codegen as msa
+    from aot_check import compile_kernel
     from msa_codegen import codegen
     from msa_codegen.lowering import lower
     from msa_codegen.ops import _block_d
@@ -131,7 +106,8 @@ def main(argv=None):
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, DOT_PREC="tf32", TMA=True, FOLD=True,
                   PREFIX_TILES=False)
     print(f"Triton {triton.__version__}, sm_90", flush=True)
-    report(compile_sm90(getattr(mod, args.kernel), consts, warps, stages), label)
+    report(compile_kernel(getattr(mod, args.kernel), constexprs=consts,
+                          options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True)), label)
     return 0
 
 

@@ -20,12 +20,15 @@ _INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK")
 _CONSTS = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32", PREFIX_TILES=False, HAS_DLSE=False, FOLD=True)
 
 
-def compile_kernel(kern, dtype="bf16", tma=False):
+def compile_kernel(kern, dtype="bf16", tma=False, constexprs=None, options=None):
+    """``kern`` compiled for sm_90; ``constexprs`` override the defaults above, ``options`` are
+    Triton's compile options (num_warps, num_stages, ...)."""
     sig, consts = {}, {}
+    values = {**_CONSTS, "TMA": tma, **(constexprs or {})}
     for idx, name in enumerate(kern.arg_names):
         if kern.params[idx].is_constexpr:
             sig[name] = "constexpr"
-            consts[(idx,)] = tma if name == "TMA" else _CONSTS[name]
+            consts[(idx,)] = values[name]
         elif name in _INTS or name.startswith("stride_"):
             sig[name] = "i32"
         elif name in ("qk_scale", "sm_scale"):
@@ -36,7 +39,8 @@ def compile_kernel(kern, dtype="bf16", tma=False):
             sig[name] = "*fp32"
         else:
             sig[name] = "*" + dtype
-    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options=options)
 
 
 def main(pattern, *flags):
