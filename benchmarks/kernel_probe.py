@@ -1,6 +1,6 @@
 """Probe (issue 4, run 15): which kernel-level changes would move the plain-window rows?
 
-    PYTHONPATH=$PWD python3 benchmarks/kernel_probe.py [--n 131072] [--window 4096] [--rep 200] [--only fwd|bwd]
+    PYTHONPATH=$PWD python3 benchmarks/kernel_probe.py [--n 131072] [--window 4096] [--rep 200] [--only fwd|bwd] [--rejected]
 
 Stand-alone causal sliding-window kernels (B=1, H=16, D=128, bf16, N and the window multiples of
 128), each checked against msa_codegen's own generated kernels and timed next to them in the same
@@ -221,11 +221,10 @@ def bwd(q, k, v, o, do, lse, window, dq_mode, bm, bn, warps, stages):
     return dq, dk, dv
 
 
-FWD_VARIANTS = [  # name, mode, pipe, stages
-    ("base", 0, False, 3), ("fold", 1, False, 3),
-    # measured in run 15a (NOTES.md) and slower than fold: ("lazy", 2, False, 3), ("base", 0, False, 2),
-    # ("pipe", 1, True, 2); with 3 stages pipe needs 257 KiB of shared memory, lazy with 4 stages 289 KiB
-]
+FWD_VARIANTS = [("base", 0, False, 3), ("fold", 1, False, 3)]   # name, mode, pipe, stages
+# measured in run 15a (NOTES.md) and slower than fold; --rejected times them again (with 3 stages
+# pipe needs 257 KiB of shared memory)
+FWD_REJECTED = [("lazy", 2, False, 3), ("base", 0, False, 2), ("pipe", 1, True, 2)]
 BWD_VARIANTS = [
     # name, dq_mode, block_m, block_n, warps, stages
     ("dkdv", 0, 32, 64, 4, 2), ("dkdv", 0, 64, 128, 8, 2), ("dkdv", 0, 32, 128, 8, 2), ("dkdv", 0, 64, 64, 4, 2),
@@ -259,6 +258,7 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--only", choices=["fwd", "bwd"])
+    ap.add_argument("--rejected", action="store_true", help="also the forward variants run 15a rejected")
     args = ap.parse_args(argv)
     import msa_codegen as msa
     from msa_codegen.ops import _ensure_allocator
@@ -289,7 +289,7 @@ def main(argv=None):
             ops.FOLD_SCALE = fold
             ms = bench(lambda: msa.attention(q, k, v, pattern))
             print(f"{'ours fwd, FOLD_SCALE=' + str(fold):40s} {ms:8.3f} {tf(ms, 1):6.0f} {ms / base:6.3f}", flush=True)
-        for name, mode, pipe, st in FWD_VARIANTS:
+        for name, mode, pipe, st in FWD_VARIANTS + (FWD_REJECTED if args.rejected else []):
             run = lambda: fwd(q, k, v, w, mode, pipe, stages=st)
             err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
             _measure(f"fwd {name} M128 N128 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)

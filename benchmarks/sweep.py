@@ -36,13 +36,9 @@ def main():
     ap.add_argument("--dkdv", help="dk/dv configs (block_m1,block_n1,warps,stages;...) instead of the built-in list")
     ap.add_argument("--dq", help="dq configs (block_m2,block_n2,warps,stages;...) instead of the built-in list")
     a = ap.parse_args()
-    global FWD, DKDV, DQ
-    if a.fwd:
-        FWD = [FwdConfig(*c) for c in _configs(a.fwd)]
-    if a.dkdv:
-        DKDV = _configs(a.dkdv)
-    if a.dq:
-        DQ = _configs(a.dq)
+    fwd_cfgs = [FwdConfig(*c) for c in _configs(a.fwd)] if a.fwd else FWD
+    dkdv_cfgs = _configs(a.dkdv) if a.dkdv else DKDV
+    dq_cfgs = _configs(a.dq) if a.dq else DQ
     if a.pointers:
         import msa_codegen.ops as ops
 
@@ -56,7 +52,7 @@ def main():
     base = default_config(dev, a.head_dim, torch.bfloat16, pattern=str(msa.parse(a.pattern)))
     print(f"{a.pattern} H={a.heads} N={a.n} D={a.head_dim}; default {base}")
     rows = []
-    for f in ([] if a.bwd_only else FWD):
+    for f in ([] if a.bwd_only else fwd_cfgs):
         cfg = LaunchConfig(f, base.bwd)
         try:
             with use_config(cfg):
@@ -65,9 +61,9 @@ def main():
         except Exception as e:
             rows.append(("fwd", f, float("nan"), str(e)[:60]))
     if not a.fwd_only:
-        for m1, m2 in itertools.product(DKDV, DQ[:1]):
+        for m1, m2 in itertools.product(dkdv_cfgs, dq_cfgs[:1]):
             rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
-        for m1, m2 in itertools.product(DKDV[:1], DQ[1:]):
+        for m1, m2 in itertools.product(dkdv_cfgs[:1], dq_cfgs[1:]):
             rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
         _profile(q, k, v, do, a)
     for r in rows:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 import triton.testing
 
-# (name, direction, edits): an edit is (old, new) on the rendered source, or ("re", pattern, repl)
+# (name, direction, edits): an edit is (old, new) on the rendered source, or "diag_first"
 _CONTRACTION = "tl.math.exp2(b_s * qk_scale - m_use[:, None])"
 _FMA = "tl.math.exp2(tl.fma(b_s, qk_scale, -m_use[:, None]))"
 VARIANTS = [
@@ -69,10 +68,6 @@ def _edit(src: str, edits) -> str:
     for e in edits:
         if e == "diag_first":
             src = _diag_first(src)
-        elif e[0] == "re":
-            src, n = re.subn(e[1], e[2], src)
-            if not n:
-                raise KeyError(e[1])
         else:
             if e[0] not in src:
                 raise KeyError(e[0][:60])

@@ -247,7 +247,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
     groups = _groups(pattern, hq, positional, q_seg is not None, index_classes)
     # the plain kernels read Q/dO and stream K/V (dq), read K/V and stream Q/dO (dk/dv) through
     # tensor descriptors where they can
-    tma_dq = tma_dkdv = {} if positional else {"TMA": _use_tma(q, k, v, do)}
+    tma = {} if positional else {"TMA": _use_tma(q, k, v, do)}
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
     split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)
@@ -270,7 +270,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             q, k, v, do, lse, delta, dq, rtab, *tstr, *pos,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
             h0, hs, group, n, *((nk,) if positional else ()), scale * LOG2E, scale,
-            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma_dq,
+            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma,
             num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
         )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
@@ -295,7 +295,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
-                PREFIX_TILES=False, **tma_dkdv, **consts)
+                PREFIX_TILES=False, **tma, **consts)
         if plan.prefix and not positional:
             p = min(plan.prefix, n)
             chunk = _prefix_chunk(n, p, b * hks * d, c.block_m1)
@@ -306,7 +306,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
                 lse.stride(0), lse.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
-                PREFIX_TILES=True, **tma_dkdv, **consts)
+                PREFIX_TILES=True, **tma, **consts)
             # fixed summation order over the chunks: deterministic
             dk_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_k.sum(0).to(dk_out.dtype)
             dv_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_v.sum(0).to(dv_out.dtype)
