@@ -1,15 +1,18 @@
 """A/B of edits to the generated kernels, in one process (issue 4, run 15).
 
     PYTHONPATH=$PWD python3 benchmarks/variant_probe.py [--pattern window=4096] [--n 131072] [--heads 16]
-        [--head-dim 128] [--rep 150] [--rounds 2] [--only NAME,...]
+        [--head-dim 128] [--rep 150] [--rounds 2] [--only NAME,...] [--templates DIR]
 
 Renders the pattern's real forward and backward sources, applies each variant's text edits
 (every edit must match, else the variant is reported as not applicable), loads the edited
 module in place of the generated one and times ``msa_codegen.attention`` with it: forward, or
 backward (``torch.autograd.grad`` of one forward) for the variants that edit the backward.
 The unedited kernels are timed in every round too, so the ratios compare like with like; each
-variant's output (or gradients) is checked against the unedited kernels' first. Not part of the
-package: it decides which template edit is worth making.
+variant's output (or gradients) is checked against the unedited kernels' first. ``--templates
+DIR`` adds two variants, the forward and the backward rendered from the templates in DIR (e.g. an
+earlier commit's: ``git archive REV msa_codegen/templates | tar -x -C /tmp/old``), so a template
+change is timed against its predecessor in one process; their kernels must take the same
+arguments as today's. Not part of the package: it decides which template edit is worth making.
 """
 from __future__ import annotations
 
@@ -29,27 +32,24 @@ VARIANTS = [
     ("fwd: scale not folded (ops.FOLD_SCALE=False)", "fwd", "nofold"),
     # run 15d measured the templates of then (tl.fma) against the contraction: 0.951-0.955x
     ("fwd: folded with tl.fma instead of the contraction", "fwd", [(_CONTRACTION, _FMA)]),
-    ("fwd: folded in unmasked blocks only", "fwd", [(", FOLD=FOLD, MASKED=True", ", FOLD=False, MASKED=True")]),
+    ("fwd: folded in unmasked blocks only", "fwd",
+     [(", FOLD=FOLD, SPAN=BLOCK_M + BLOCK_N, MASKED=True", ", FOLD=False, SPAN=BLOCK_M + BLOCK_N, MASKED=True")]),
     ("fwd: Q through pointers", "fwd",
-     [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, TMA)",
-       "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, False)")]),
+     [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, HEAD_DIM, BLOCK_D, TMA)",
+       "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, HEAD_DIM, BLOCK_D, False)")]),
     ("fwd: diagonal block first, then band, then lower edge", "fwd", ["diag_first"]),
-    # lead after run 15 (not yet measured): the causal band predicate with two tests fewer
-    # (j < N follows from j <= i < N; |i - j| is i - j once j <= i)
-    ("fwd: causal band predicate without abs and j < N", "fwd", _CAUSAL_PREDICATE := [
-        ("    vis = (i < N) & (j < N)\n    vis = vis & (j <= i)\n", "    vis = (i < N) & (j <= i)\n"),
-        ("        vis = vis & (tl.abs(i - j) < WSPAN)", "        vis = vis & ((i - j) < WSPAN)")]),
-    ("bwd: causal band predicate without abs and j < N", "bwd", _CAUSAL_PREDICATE),
+    # run 15's lead "causal band predicate" (no abs, no j < N) became run 16's PART tests in the
+    # templates, one test per masked band block; its edits would now reach only the generic path
     ("bwd: dk/dv K/V through pointers", "bwd",
-     [("b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, BLOCK_D, TMA)",
-       "b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, BLOCK_D, False)"),
-      ("b_v = _load_tile(v_base, vd, b0, j, (b0 + offs_n) < n_r, stride_vn, stride_vd, m_d, BLOCK_D, TMA)",
-       "b_v = _load_tile(v_base, vd, b0, j, (b0 + offs_n) < n_r, stride_vn, stride_vd, m_d, BLOCK_D, False)")]),
+     [("b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, TMA)",
+       "b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, False)"),
+      ("b_v = _load_tile(v_base, vd, b0, j, (b0 + offs_n) < n_r, stride_vn, stride_vd, m_d, HEAD_DIM, BLOCK_D, TMA)",
+       "b_v = _load_tile(v_base, vd, b0, j, (b0 + offs_n) < n_r, stride_vn, stride_vd, m_d, HEAD_DIM, BLOCK_D, False)")]),
     ("bwd: dq Q/dO through pointers", "bwd",
-     [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, TMA)",
-       "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, BLOCK_D, False)"),
-      ("b_do = _load_tile(do_base, dod, a0, i, m_row, stride_don, stride_dod, m_d, BLOCK_D, TMA)",
-       "b_do = _load_tile(do_base, dod, a0, i, m_row, stride_don, stride_dod, m_d, BLOCK_D, False)")]),
+     [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, HEAD_DIM, BLOCK_D, TMA)",
+       "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, HEAD_DIM, BLOCK_D, False)"),
+      ("b_do = _load_tile(do_base, dod, a0, i, m_row, stride_don, stride_dod, m_d, HEAD_DIM, BLOCK_D, TMA)",
+       "b_do = _load_tile(do_base, dod, a0, i, m_row, stride_don, stride_dod, m_d, HEAD_DIM, BLOCK_D, False)")]),
 ]
 
 
@@ -57,7 +57,7 @@ def _diag_first(src: str) -> str:
     # the three W-phase calls of the forward: lower edge (masked), band, diagonal (masked) ->
     # diagonal, band, lower edge
     lines = src.split("\n")
-    idx = [n for n, line in enumerate(lines) if "PHASE=PH_W)" in line and "_fwd_loop(" in line]
+    idx = [n for n, line in enumerate(lines) if "PHASE=PH_W," in line and "_fwd_loop(" in line]
     if len(idx) != 3:
         raise KeyError("three W-phase forward calls")
     lines[idx[0]], lines[idx[2]] = lines[idx[2]], lines[idx[0]]
@@ -65,6 +65,8 @@ def _diag_first(src: str) -> str:
 
 
 def _edit(src: str, edits) -> str:
+    if isinstance(edits, tuple) and edits[0] == "templates":
+        return edits[1]
     for e in edits:
         if e == "diag_first":
             src = _diag_first(src)
@@ -94,6 +96,7 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", help="comma-separated substrings of variant names")
+    ap.add_argument("--templates", help="a directory of templates to time against today's (see above)")
     args = ap.parse_args(argv)
     import msa_codegen as msa
     from msa_codegen import codegen, ops
@@ -119,6 +122,15 @@ def main(argv=None):
 
     ref = {"fwd": fwd().detach(), "bwd": [t.detach() for t in bwd()]}
     variants = [x for x in VARIANTS if not args.only or any(s in x[0] for s in args.only.split(","))]
+    if args.templates:
+        import jinja2
+
+        env = codegen._env()
+        env.loader = jinja2.FileSystemLoader(args.templates)
+        meta = {"template_hash": "other", "version": msa.__version__}
+        for d in codegen.DIRECTIONS:
+            other = env.get_template(f"{d}.py.jinja").render(plan=plan, meta=meta)
+            variants.append((f"{d}: the templates of {args.templates}", d, ("templates", other)))
     mods = {}
     for name, direction, edits in variants:
         if edits == "nofold":

@@ -161,6 +161,27 @@ def test_render_is_generated_and_plan_only():
     compile(codegen.render(plan, "bwd"), "bwd", "exec")
 
 
+def test_band_parts_rendered():
+    """Which masked W-band loops are told their side of the band (one test there, test_attention's
+    test_band_parts checks the results): causal plans only; the forward's lower edge keeps every
+    test when prefix columns border it; the dk/dv kernel runs its unmasked band in a second
+    pass over the heads."""
+    def parts(pattern, direction):
+        src = codegen.render(lower(msa.parse(pattern).groups[0].spec), direction)
+        return [line.split("PART=")[1].rstrip(")") for line in src.splitlines()
+                if "PHASE=PH_W" in line and "MASKED=True" in line]
+    assert parts("window=4096", "fwd") == ["PART_EDGE", "PART_DIAG"]
+    assert parts("window=4096,sink=64", "fwd") == ["PART_ANY", "PART_DIAG"]
+    assert parts("causal=false,window=512", "fwd") == ["PART_ANY", "PART_ANY"]
+    # dq loop, then the dk/dv kernel's lower (diagonal) and upper (far edge) blocks
+    assert parts("window=4096,dilation=2", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_DIAG", "PART_EDGE"]
+    assert parts("causal", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_DIAG", "PART_ANY"]
+    src = codegen.render(lower(msa.parse("window=4096").groups[0].spec), "bwd")
+    dkdv = src[src.index("def msa_bwd_dkdv"):]
+    assert dkdv.count("for i_h in range(") == 2
+    assert dkdv.index("MASKED=True, PHASE=PH_W") < dkdv.index("MASKED=False, PHASE=PH_W")
+
+
 def test_plan_admits_only_ints_and_bools():
     plan = lower(msa.parse("causal=false,global=3,random=2,seed=5,block=64").groups[0].spec)
     assert all(type(v) in (int, bool) for v in plan.as_dict().values())

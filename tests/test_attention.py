@@ -98,6 +98,23 @@ def test_block_shapes(pattern, cfg, device):
         check_attention(pattern, n=150, device=device)
 
 
+# The causal W band's masked blocks test one condition when the window spans a query tile and a
+# key block (WINDOW >= BLOCK_M + BLOCK_N in class positions; 64 under the interpreter's 32x32
+# tiles, 48 under the 16x32 ones): just below and at that bound, with dilation, sink (the
+# forward's lower edge keeps every test), random blocks, and two query heads per KV head (the
+# dk/dv kernel's two passes).
+@pytest.mark.parametrize("cfg", [None, LaunchConfig(FwdConfig(16, 32, 4, 1), BwdConfig(16, 32, 4, 1, 32, 16, 4, 1))],
+                         ids=["default", "bm16-bn32"])
+@pytest.mark.parametrize("pattern", ["window=47", "window=48", "window=63", "window=64", "window=90,dilation=2",
+                                     "window=70,sink=5", "window=100,dilation=3,sink=7", "window=80,random=1,block=32"])
+def test_band_parts(pattern, cfg, device):
+    if cfg is None:
+        check_attention(pattern, n=333, device=device)
+    else:
+        with use_config(cfg):
+            check_attention(pattern, n=333, device=device)
+
+
 def test_lse_gradient(device):
     """The returned LSE is differentiable: its gradient reaches q and k."""
     q, k, v, _ = make_inputs(1, 2, 1, 70, 32, torch.float32, device)
