@@ -13,7 +13,10 @@ Forward (K/V through tensor descriptors, 128 x 128 tiles, the shape of the gener
 - ``lazy``: ``fold`` plus conditional rescaling: the accumulator and the row sums are rescaled
   only when some row's maximum grew by more than 8 (log2 units; probabilities stay below 2^8);
 - ``pipe``: ``fold`` with the next block's QK^T issued before this block's PV product in the
-  unmasked band (manual software pipelining).
+  unmasked band (manual software pipelining);
+- ``fold, host descriptors`` (run 16): ``fold`` with Q, K and V as descriptors built on the host
+  (``TensorDescriptor``, kernel parameters) instead of in every program
+  (``tl.make_tensor_descriptor``, written to global scratch), as the generated kernels do.
 
 Backward (one key tile per program, the structure of the generated dk/dv kernel):
 - ``dkdv``: dk/dv only (what our dk/dv kernel does; our dq kernel comes on top);
@@ -105,7 +108,8 @@ def _fwd_band_pipe(acc, m_i, l_i, q, kd, vd, row0, lo, hi, qk_scale, BLOCK_N: tl
 
 @triton.jit
 def _win_fwd(Q, K, V, O, LSE, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, PIPE: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, PIPE: tl.constexpr,
+             HOST: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     a0 = pid_m * BLOCK_M
@@ -113,9 +117,15 @@ def _win_fwd(Q, K, V, O, LSE, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: t
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     i = a0 + offs_m
-    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
-    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
-    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + a0, 0])
+    if HOST:
+        # Q, K, V: descriptors built on the host over the (B*H*N, D) rows
+        kd = K
+        vd = V
+        q = Q.load([row0 + a0, 0])
+    else:
+        kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
+        vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
+        q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + a0, 0])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -136,12 +146,17 @@ def _win_fwd(Q, K, V, O, LSE, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: t
     tl.store(LSE + pid_bh.to(tl.int64) * N + i, (m_i + tl.log2(l_i)) * 0.6931471805599453)
 
 
-def fwd(q, k, v, window, mode, pipe, bm=128, bn=128, warps=8, stages=3):
+def fwd(q, k, v, window, mode, pipe, bm=128, bn=128, warps=8, stages=3, host=False):
     b, h, n, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+    if host:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        q, k, v = (TensorDescriptor.from_tensor(t.reshape(-1, d), [blk, d]) for t, blk in ((q, bm), (k, bn), (v, bn)))
     _win_fwd[(n // bm, b * h)](q, k, v, o, lse, n, b * h, d ** -0.5 * LOG2E, WINDOW=window, HEAD_DIM=d,
-                               BLOCK_M=bm, BLOCK_N=bn, MODE=mode, PIPE=pipe, num_warps=warps, num_stages=stages)
+                               BLOCK_M=bm, BLOCK_N=bn, MODE=mode, PIPE=pipe, HOST=host, num_warps=warps,
+                               num_stages=stages)
     return o, lse
 
 
@@ -221,7 +236,7 @@ def bwd(q, k, v, o, do, lse, window, dq_mode, bm, bn, warps, stages):
     return dq, dk, dv
 
 
-FWD_VARIANTS = [("base", 0, False, 3), ("fold", 1, False, 3)]   # name, mode, pipe, stages
+FWD_VARIANTS = [("base", 0, False, 3), ("fold", 1, False, 3), ("fold, host descriptors", 1, False, 3)]   # name, mode, pipe, stages
 # measured in run 15a (NOTES.md) and slower than fold; --rejected times them again (with 3 stages
 # pipe needs 257 KiB of shared memory)
 FWD_REJECTED = [("lazy", 2, False, 3), ("base", 0, False, 2), ("pipe", 1, True, 2)]
@@ -290,7 +305,7 @@ def main(argv=None):
             ms = bench(lambda: msa.attention(q, k, v, pattern))
             print(f"{'ours fwd, FOLD_SCALE=' + str(fold):40s} {ms:8.3f} {tf(ms, 1):6.0f} {ms / base:6.3f}", flush=True)
         for name, mode, pipe, st in FWD_VARIANTS + (FWD_REJECTED if args.rejected else []):
-            run = lambda: fwd(q, k, v, w, mode, pipe, stages=st)
+            run = lambda: fwd(q, k, v, w, mode, pipe, stages=st, host="host" in name)
             err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
             _measure(f"fwd {name} M128 N128 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
     if args.only != "fwd":
