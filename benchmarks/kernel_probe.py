@@ -240,6 +240,9 @@ FWD_VARIANTS = [("base", 0, False, 3), ("fold", 1, False, 3), ("fold, host descr
 # measured in run 15a (NOTES.md) and slower than fold; --rejected times them again (with 3 stages
 # pipe needs 257 KiB of shared memory)
 FWD_REJECTED = [("lazy", 2, False, 3), ("base", 0, False, 2), ("pipe", 1, True, 2)]
+# run 16 (--n64): 128 x 64 tiles leave shared memory for deeper pipelines, with and without the
+# manual QK^T / PV overlap; name, mode, pipe, stages (BLOCK_N = 64)
+FWD_N64 = [("fold", 1, False, 3), ("fold", 1, False, 4), ("pipe", 1, True, 3), ("pipe", 1, True, 4)]
 BWD_VARIANTS = [
     # name, dq_mode, block_m, block_n, warps, stages
     ("dkdv", 0, 32, 64, 4, 2), ("dkdv", 0, 64, 128, 8, 2), ("dkdv", 0, 32, 128, 8, 2), ("dkdv", 0, 64, 64, 4, 2),
@@ -274,6 +277,7 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--only", choices=["fwd", "bwd"])
     ap.add_argument("--rejected", action="store_true", help="also the forward variants run 15a rejected")
+    ap.add_argument("--n64", action="store_true", help="also the forward variants with 128 x 64 tiles (run 16)")
     args = ap.parse_args(argv)
     import msa_codegen as msa
     from msa_codegen.ops import _ensure_allocator
@@ -308,6 +312,10 @@ def main(argv=None):
             run = lambda: fwd(q, k, v, w, mode, pipe, stages=st, host="host" in name)
             err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
             _measure(f"fwd {name} M128 N128 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
+        for name, mode, pipe, st in (FWD_N64 if args.n64 else []):
+            run = lambda: fwd(q, k, v, w, mode, pipe, bn=64, stages=st)
+            err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
+            _measure(f"fwd {name} M128 N64 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
     if args.only != "fwd":
         o = ref.detach()
         lse = ref_lse.detach()
