@@ -40,6 +40,23 @@ VARIANTS = [
     ("fwd: diagonal block first, then band, then lower edge", "fwd", ["diag_first"]),
     # run 15's lead "causal band predicate" (no abs, no j < N) became run 16's PART tests in the
     # templates, one test per masked band block; its edits would now reach only the generic path
+    # run 16 (ncu: dk/dv stalls on long scoreboard, 1.0 of 6.7 cycles an instruction): the unmasked
+    # blocks' LSE and delta through 1-D descriptors (TMA, pipelined like Q/dO) instead of pointer
+    # loads; contiguous rows only (DIL = 1) and N a multiple of 4 (16-byte row strides)
+    ("bwd: dk/dv LSE/delta through descriptors (DIL=1)", "bwd", [
+        ("""    for blk in range(blk_lo, blk_hi):
+        i = start + (blk * BLOCK_M + offs_m) * step
+""", """    if not MASKED:
+        lse_d = tl.make_tensor_descriptor(lse_base, shape=[N], strides=[1], block_shape=[BLOCK_M])
+        delta_d = tl.make_tensor_descriptor(delta_base, shape=[N], strides=[1], block_shape=[BLOCK_M])
+    for blk in range(blk_lo, blk_hi):
+        i = start + (blk * BLOCK_M + offs_m) * step
+"""),
+        ("""            lse = tl.load(lse_base + i)
+            delta = tl.load(delta_base + i)
+""", """            lse = lse_d.load([start + blk * BLOCK_M])
+            delta = delta_d.load([start + blk * BLOCK_M])
+""")]),
     ("bwd: dk/dv K/V through pointers", "bwd",
      [("b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, TMA)",
        "b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, False)"),
