@@ -31,15 +31,19 @@ for i in $(seq 0 $((NG - 1))); do
       echo "pytest exit $?" >> "$OUT/pytest-gpu.log"
     fi
     b=$(left)
-    [ "$b" -gt 30 ] && timeout $(( HARD - ($(date +%s) - start) )) \
-      python3 -m msa_codegen.tuner.grid --db "$DB" --shard "$i/$NG" --budget-s "$b" ${GRID_ARGS:-} > "$OUT/grid-$i.log" 2>&1
-    echo "grid $i exit $?" >> "$OUT/grid-$i.log"
+    if [ "$b" -gt 30 ]; then
+      timeout $(( HARD - ($(date +%s) - start) )) \
+        python3 -m msa_codegen.tuner.grid --db "$DB" --shard "$i/$NG" --budget-s "$b" ${GRID_ARGS:-} > "$OUT/grid-$i.log" 2>&1
+      echo "grid $i exit $?" >> "$OUT/grid-$i.log"
+    else
+      echo "grid $i not started: $b s of BUDGET left, more than 30 needed" > "$OUT/grid-$i.log"
+    fi
   ) &
   pids+=($!)
 done
 wait "${pids[@]}"
 python3 -m msa_codegen.tuner.grid --db "$DB" --export "$OUT/tuning.db"
 echo "==== pytest (GPU 0)"; tail -3 "$OUT/pytest-gpu.log" 2>/dev/null
-for i in $(seq 0 $((NG - 1))); do echo "==== grid $i"; grep -E "FAILED|finished|budget|nothing" "$OUT/grid-$i.log"; done
+for i in $(seq 0 $((NG - 1))); do echo "==== grid $i"; grep -E "FAILED|finished|budget|nothing|not started" "$OUT/grid-$i.log"; done
 echo "==== rows"; grep -h "x) " "$OUT"/grid-*.log | sed 's/^\[grid [0-9]\/[0-9]\] //' | cut -c1-200
 echo "elapsed $(( $(date +%s) - start )) s"
