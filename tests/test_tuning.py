@@ -607,3 +607,19 @@ def test_a_trial_another_process_finished_is_dropped_not_a_crash(tmp_home):
     assert t.value == 2.0 and "spread_ms" not in t.user_attrs
     trial2 = study.ask()
     assert _settle(study, trial2, 3.0, spread_ms=0.2) is True
+
+
+def test_shipped_rows_are_for_the_current_kernels():
+    """Every row of the shipped database was measured on the kernels this checkout generates: a
+    template change orphans rows by their kernel hash, and then they must be re-tuned or removed
+    (the README describes the shipped rows as current)."""
+    from pathlib import Path
+
+    path = Path(msa.__file__).parent / "data" / "tuning.db"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("select pattern, direction, template_hash from msa_tuning").fetchall()
+    finally:
+        con.close()
+    stale = [(p, d) for p, d, h in rows if h != template_hash(p)]
+    assert not stale, f"shipped rows measured on other kernels: {stale}"
