@@ -236,13 +236,16 @@ def bwd(q, k, v, o, do, lse, window, dq_mode, bm, bn, warps, stages):
     return dq, dk, dv
 
 
-FWD_VARIANTS = [("base", 0, False, 3), ("fold", 1, False, 3), ("fold, host descriptors", 1, False, 3)]   # name, mode, pipe, stages
+# name, mode, pipe, stages, BLOCK_N, host-built descriptors
+FWD_VARIANTS = [("base", 0, False, 3, 128, False), ("fold", 1, False, 3, 128, False),
+                ("fold, host descriptors", 1, False, 3, 128, True)]
 # measured in run 15a (NOTES.md) and slower than fold; --rejected times them again (with 3 stages
 # pipe needs 257 KiB of shared memory)
-FWD_REJECTED = [("lazy", 2, False, 3), ("base", 0, False, 2), ("pipe", 1, True, 2)]
+FWD_REJECTED = [("lazy", 2, False, 3, 128, False), ("base", 0, False, 2, 128, False), ("pipe", 1, True, 2, 128, False)]
 # run 16 (--n64): 128 x 64 tiles leave shared memory for deeper pipelines, with and without the
-# manual QK^T / PV overlap; name, mode, pipe, stages (BLOCK_N = 64)
-FWD_N64 = [("fold", 1, False, 3), ("fold", 1, False, 4), ("pipe", 1, True, 3), ("pipe", 1, True, 4)]
+# manual QK^T / PV overlap
+FWD_N64 = [("fold", 1, False, 3, 64, False), ("fold", 1, False, 4, 64, False), ("pipe", 1, True, 3, 64, False),
+           ("pipe", 1, True, 4, 64, False)]
 BWD_VARIANTS = [
     # name, dq_mode, block_m, block_n, warps, stages
     ("dkdv", 0, 32, 64, 4, 2), ("dkdv", 0, 64, 128, 8, 2), ("dkdv", 0, 32, 128, 8, 2), ("dkdv", 0, 64, 64, 4, 2),
@@ -308,14 +311,11 @@ def main(argv=None):
             ops.FOLD_SCALE = fold
             ms = bench(lambda: msa.attention(q, k, v, pattern))
             print(f"{'ours fwd, FOLD_SCALE=' + str(fold):40s} {ms:8.3f} {tf(ms, 1):6.0f} {ms / base:6.3f}", flush=True)
-        for name, mode, pipe, st in FWD_VARIANTS + (FWD_REJECTED if args.rejected else []):
-            run = lambda: fwd(q, k, v, w, mode, pipe, stages=st, host="host" in name)
-            err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
-            _measure(f"fwd {name} M128 N128 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
-        for name, mode, pipe, st in (FWD_N64 if args.n64 else []):
-            run = lambda: fwd(q, k, v, w, mode, pipe, bn=64, stages=st)
-            err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
-            _measure(f"fwd {name} M128 N64 s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
+        err = lambda res: max(_rel(res[0], ref), (res[1] - ref_lse).abs().max().item())
+        for name, mode, pipe, st, bn, host in (FWD_VARIANTS + (FWD_REJECTED if args.rejected else [])
+                                               + (FWD_N64 if args.n64 else [])):
+            run = lambda: fwd(q, k, v, w, mode, pipe, bn=bn, stages=st, host=host)
+            _measure(f"fwd {name} M128 N{bn} s{st} w8", run, err, bench, lambda ms: tf(ms, 1), base)
     if args.only != "fwd":
         o = ref.detach()
         lse = ref_lse.detach()

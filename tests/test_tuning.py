@@ -613,13 +613,7 @@ def test_shipped_rows_are_for_the_current_kernels():
     """Every row of the shipped database was measured on the kernels this checkout generates: a
     template change orphans rows by their kernel hash, and then they must be re-tuned or removed
     (the README describes the shipped rows as current)."""
-    from pathlib import Path
-
-    path = Path(msa.__file__).parent / "data" / "tuning.db"
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        rows = con.execute("select pattern, direction, template_hash from msa_tuning").fetchall()
-    finally:
-        con.close()
-    stale = [(p, d) for p, d, h in rows if h != template_hash(p)]
+    with TuningDB(lookup_mod.SHIPPED_DB, mode="ro") as db:
+        rows = db.rows()
+    stale = [(r["pattern"], r["direction"]) for r in rows if r["template_hash"] != template_hash(r["pattern"])]
     assert not stale, f"shipped rows measured on other kernels: {stale}"
