@@ -240,7 +240,12 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
     c = cfg.bwd
     bd = _block_d(d)
     prec = _dot_precision(q.dtype)
-    delta = torch.empty_like(lse)
+    # delta and the LSE in log2 units (msa_bwd_pre), rows padded to 16 bytes: the dk/dv kernel
+    # streams them through descriptors
+    lse = lse.contiguous()   # msa_bwd_pre reads it in dlse's layout
+    n_pad = _cdiv(n, 4) * 4
+    stats = torch.empty((2, b, hq, n_pad), dtype=torch.float32, device=q.device)
+    delta, lse2 = stats[0, :, :, :n], stats[1, :, :, :n]
     if dlse is not None:
         # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
         dlse = dlse.to(torch.float32).contiguous()
@@ -260,15 +265,15 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         pos = _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk) if positional else ()
         hs = h1 - h0
         mod.msa_bwd_pre[(_cdiv(n, 64), b * hs)](
-            o, do, dlse if dlse is not None else lse, delta,
-            *o.stride(), *do.stride(), delta.stride(0), delta.stride(1),
+            o, do, dlse if dlse is not None else lse, lse, delta, lse2,
+            *o.stride(), *do.stride(), lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
             h0, hs, n,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None, **_LAUNCH,
         )
         grid = (_seq_tiles(plan, n, c.block_m2, positional), b * hs)
         mod.msa_bwd_dq[grid](
-            q, k, v, do, lse, delta, dq, rtab, *tstr, *pos,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
+            q, k, v, do, lse2, delta, dq, rtab, *tstr, *pos,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), delta.stride(0), delta.stride(1),
             h0, hs, group, n, *((nk,) if positional else ()), scale * LOG2E, scale,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma,
             num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
@@ -281,7 +286,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
         else:
             dk_out, dv_out, kv_off = dk, dv, 0
         hks = hk1 - hk0
-        common = (q, k, v, do, lse, delta)
+        common = (q, k, v, do, lse2, delta)
         consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
                       num_warps=c.num_warps1, num_stages=c.num_stages1, **_LAUNCH)
         if positional:
@@ -289,12 +294,12 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * hks)](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
-                lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale, **consts)
+                delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale, **consts)
         else:
             mod.msa_bwd_dkdv[(_seq_tiles(plan, n, c.block_n1, positional), b * hks)](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
-                lse.stride(0), lse.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
+                delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
                 PREFIX_TILES=False, **tma, **consts)
         if plan.prefix and not positional:
             p = min(plan.prefix, n)
@@ -305,7 +310,7 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * hks)](
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
-                lse.stride(0), lse.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
+                delta.stride(0), delta.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
                 PREFIX_TILES=True, **tma, **consts)
             # fixed summation order over the chunks: deterministic
             dk_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_k.sum(0).to(dk_out.dtype)

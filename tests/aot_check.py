@@ -15,7 +15,7 @@ from msa_codegen.lowering import lower
 from msa_codegen.spec import parse
 
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
-_FP32_PTRS = ("LSE", "DELTA", "DLSE", "DK", "DV")
+_FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
 _INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK")
 _CONSTS = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32", PREFIX_TILES=False, HAS_DLSE=False, FOLD=True)
 
