@@ -104,9 +104,10 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
     if dtype == torch.float32:
         return LaunchConfig(FwdConfig(64, 32, 4, 2), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))
     if head_dim <= 64:
-        # dk/dv (64, 64, 4, 3): 39.3 ms against 40.0 for (32, 64, 4, 3), window=4096 H=32 N=131072
-        # (NOTES.md run 15)
-        return LaunchConfig(FwdConfig(128, 64, 4, 3), BwdConfig(64, 64, 4, 3, 64, 64, 4, 2))
+        # window=4096 H=32 N=131072 on the LSE2 backward (NOTES.md run 17): dk/dv (64, 64, 4, 2)
+        # 33.34 ms against 34.86 for (64, 64, 4, 3); forward (128, 64, 8, 3) 10.46 against 10.62
+        # for (128, 64, 4, 3)
+        return LaunchConfig(FwdConfig(128, 64, 8, 3), BwdConfig(64, 64, 4, 2, 64, 64, 4, 2))
     if head_dim <= 128:
         # Hopper and newer load K/V through tensor descriptors (ops._use_tma): 128-key blocks with
         # 3 stages measured 0.84x the time of the pointer loads' best (128, 64, 8, 3) on an H200
