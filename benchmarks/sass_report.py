@@ -1,7 +1,7 @@
 """Registers, spills and loop bodies of the generated kernels for sm_90, without a GPU.
 
     python benchmarks/sass_report.py [--pattern window=4096] [--kernel msa_bwd_dkdv] [--config 64,64,4,2]
-        [--head-dim 128] [--variant NAME]
+        [--head-dim 128] [--variant NAME] [--dump FILE]
 
 Compiles one generated kernel (bf16, tensor descriptors on) for an sm_90 target with the Triton
 that is installed (its bundled ptxas) and prints ptxas's register count and stack bytes, then,
@@ -30,13 +30,15 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def report(compiled, label: str) -> None:
+def report(compiled, label: str, dump: str | None = None) -> None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
                                text=True).stdout
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", f.name], capture_output=True, text=True).stdout
+    if dump:
+        Path(dump).write_text(sass)
     ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
     at = {a: n for n, (a, _) in enumerate(ins)}
     regs = " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage))
@@ -72,6 +74,7 @@ def main(argv=None):
     ap.add_argument("--kernel", default="msa_bwd_dkdv", choices=["msa_fwd", "msa_bwd_dq", "msa_bwd_dkdv"])
     ap.add_argument("--config", default="64,64,4,2", help="block_m,block_n,warps,stages of that kernel")
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dump", help="also write the whole SASS listing to this file")
     ap.add_argument("--variant", help="a variant_probe.py variant name (substring) to apply first")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
@@ -107,7 +110,7 @@ def main(argv=None):
                   PREFIX_TILES=False)
     print(f"Triton {triton.__version__}, sm_90", flush=True)
     report(compile_kernel(getattr(mod, args.kernel), constexprs=consts,
-                          options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True)), label)
+                          options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True)), label, args.dump)
     return 0
 
 

@@ -40,22 +40,22 @@ VARIANTS = [
     ("fwd: diagonal block first, then band, then lower edge", "fwd", ["diag_first"]),
     # run 15's lead "causal band predicate" (no abs, no j < N) became run 16's PART tests in the
     # templates, one test per masked band block; its edits would now reach only the generic path
-    # run 16 (ncu: dk/dv stalls on long scoreboard, 1.0 of 6.7 cycles an instruction): the unmasked
-    # blocks' LSE and delta through 1-D descriptors (TMA, pipelined like Q/dO) instead of pointer
-    # loads; contiguous rows only (DIL = 1) and N a multiple of 4 (16-byte row strides)
-    ("bwd: dk/dv LSE/delta through descriptors (DIL=1)", "bwd", [
-        ("""    for blk in range(blk_lo, blk_hi):
-        i = start + (blk * BLOCK_M + offs_m) * step
-""", """    if not MASKED:
-        lse_d = tl.make_tensor_descriptor(lse_base, shape=[N], strides=[1], block_shape=[BLOCK_M])
+    # run 16's "LSE/delta through descriptors" landed in cb80dcc (run 17). Run 17 (SASS of the
+    # unmasked dk/dv loop): 5 CTA barriers a block, one before each of the 4 TMA issues (Q, dO,
+    # LSE2, delta); delta and LSE2 sit in one buffer (2, B, H, N_pad), so one 2-D descriptor over
+    # both rows loads them with one TMA issue: one barrier fewer a block
+    ("bwd: dk/dv delta and LSE2 through one 2-D descriptor", "bwd", [
+        ("lse_base, delta_base, stride_qn", "lse_base, delta_base, stat_s, stride_qn"),
+        ("lse_base, delta_base,\n               stride_qn", "lse_base, delta_base, stat_s,\n               stride_qn"),
+        ("    i_hk = H_OFF // GROUP + pid_bh % HK\n",
+         "    i_hk = H_OFF // GROUP + pid_bh % HK\n    stat_s = (tl.num_programs(1) // HK) * stride_lb\n"),
+        ("""        lse_d = tl.make_tensor_descriptor(lse_base, shape=[N], strides=[1], block_shape=[BLOCK_M])
         delta_d = tl.make_tensor_descriptor(delta_base, shape=[N], strides=[1], block_shape=[BLOCK_M])
-    for blk in range(blk_lo, blk_hi):
-        i = start + (blk * BLOCK_M + offs_m) * step
+""", """        st_d = tl.make_tensor_descriptor(delta_base, shape=[2, N], strides=[stat_s, 1], block_shape=[2, BLOCK_M])
 """),
-        ("""            lse = tl.load(lse_base + i)
-            delta = tl.load(delta_base + i)
-""", """            lse = lse_d.load([start + blk * BLOCK_M])
+        ("""            lse2 = lse_d.load([start + blk * BLOCK_M])
             delta = delta_d.load([start + blk * BLOCK_M])
+""", """            delta, lse2 = tl.split(tl.trans(st_d.load([0, start + blk * BLOCK_M])))
 """)]),
     ("bwd: dk/dv K/V through pointers", "bwd",
      [("b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, TMA)",
