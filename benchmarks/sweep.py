@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--fwd-only", action="store_true", help="only the forward configurations, no profile")
     ap.add_argument("--bwd-only", action="store_true", help="only the backward configurations")
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile of the default config")
     ap.add_argument("--pointers", action="store_true", help="K/V through pointer loads, not tensor descriptors")
     ap.add_argument("--fwd", help="forward configs to time instead of the built-in list: 'm,n,warps,stages;...'")
     ap.add_argument("--dkdv", help="dk/dv configs (block_m1,block_n1,warps,stages;...) instead of the built-in list")
@@ -65,7 +66,8 @@ def main():
             rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
         for m1, m2 in itertools.product(dkdv_cfgs[:1], dq_cfgs[1:]):
             rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
-        _profile(q, k, v, do, a)
+        if not a.no_profile:
+            _profile(q, k, v, do, a)
     for r in rows:
         print(f"{r[0]:4s} {str(r[1]):90s} {r[2]:9.3f} ms  {r[3] if isinstance(r[3], str) else f'{r[3]:6.1f} TF/s'}")
 
