@@ -43,6 +43,21 @@ class LaunchConfig:
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
 
 
+def descriptor_fault(bwd: BwdConfig) -> str | None:
+    """Why a backward config cannot run on the descriptor (TMA) path, or None.
+
+    dk/dv with 16-row query blocks and 4 pipeline stages stopped the H200 with "CUDA error:
+    misaligned address" (a sticky error: the process's CUDA context is lost), while 16 rows with
+    1-2 stages and 32 rows with 3-4 stages ran (benchmarks/NOTES.md, run 17, item 10). 3 stages
+    at 16 rows was not tried, so it is refused too. The launcher raises this before launching
+    and the tuner's filter drops these shapes."""
+    if bwd.block_m1 < 32 and bwd.num_stages1 > 2:
+        return (f"dk/dv block_m1={bwd.block_m1} with num_stages1={bwd.num_stages1}: query blocks under 32 "
+                f"rows take at most 2 stages on the tensor-descriptor path (more faulted with a CUDA "
+                f"misaligned address on an H200)")
+    return None
+
+
 # A plain module global, not a ContextVar: torch.compile traces globals but breaks the graph
 # on ContextVar.get (torch 2.13).
 _override: LaunchConfig | None = None

@@ -15,7 +15,7 @@ import math
 import torch
 
 from . import codegen
-from .config import LaunchConfig, tma_capable, current_config_list, from_list
+from .config import LaunchConfig, current_config_list, descriptor_fault, from_list, tma_capable
 from .lowering import MAX_SEQLEN, lower
 from .dynamic import prepare
 from .spec import Pattern, Spec, parse
@@ -253,6 +253,10 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
     # the plain kernels read Q/dO and stream K/V (dq), read K/V and stream Q/dO (dk/dv) through
     # tensor descriptors where they can
     tma = {} if positional else {"TMA": _use_tma(q, k, v, do)}
+    if tma.get("TMA"):
+        why = descriptor_fault(c)
+        if why:
+            raise ValueError(why)
     # A KV head whose query heads fall in two head groups gets partial sums from two kernels:
     # then every group writes fp32 partials that are added in group order (deterministic).
     split = any(h0 % group or h1 % group for h0, h1, _, _ in groups)

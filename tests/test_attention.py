@@ -98,6 +98,19 @@ def test_block_shapes(pattern, cfg, device):
         check_attention(pattern, n=150, device=device)
 
 
+def test_descriptor_path_refuses_a_faulting_backward_config():
+    """dk/dv with 16-row query blocks and more than 2 stages faulted on the H200 (a sticky CUDA
+    error): on the descriptor path (the interpreter runs it too) the backward refuses it by
+    name before launching, and the forward of the same config still runs."""
+    q, k, v, _ = make_inputs(1, 2, 1, 64, 16, torch.float32, "cpu")
+    cfg = LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(16, 32, 4, 3, 32, 32, 4, 1))
+    with use_config(cfg):
+        out = msa.attention(q, k, v, "window=9")
+        # a dense gradient: an expanded one (out.sum()) takes pointer loads, not the descriptors
+        with pytest.raises(ValueError, match="block_m1=16 with num_stages1=3"):
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+
+
 # The causal W band's masked blocks test one condition when the window spans a query tile and a
 # key block (WINDOW >= BLOCK_M + BLOCK_N in class positions; 64 under the interpreter's 32x32
 # tiles, 48 under the 16x32 ones): just below and at that bound, with dilation, sink (the

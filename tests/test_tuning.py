@@ -366,6 +366,12 @@ def test_space_and_filter():
     assert "accumulator" in why
     short = space.Env(head_dim=64, dtype=torch.bfloat16, seqlen=100, dilation=2)
     assert "longer than" in space.why_excluded("fwd", dict(block_m=128, block_n=128, num_warps=4, num_stages=2), short)
+    # 16-row dk/dv blocks with more than 2 stages faulted on the H200's descriptor path (run 17)
+    bwd = dict(block_m1=16, block_n1=64, num_warps1=4, num_stages1=4, block_m2=128, block_n2=64, num_warps2=8,
+               num_stages2=3)
+    assert "misaligned" in space.why_excluded("bwd", bwd, gpu_env)
+    assert space.why_excluded("bwd", {**bwd, "num_stages1": 2}, gpu_env) is None
+    assert space.why_excluded("bwd", {**bwd, "block_m1": 32}, gpu_env) is None
     interp = space.Env(head_dim=16, dtype=torch.float32, seqlen=64, interpreter=True)
     assert {(p["block_m"], p["block_n"]) for p in space.candidates("fwd", interp)} == {(16, 16), (16, 32), (32, 16),
                                                                                          (32, 32)}

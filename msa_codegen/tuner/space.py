@@ -14,7 +14,7 @@ import itertools
 
 import torch
 
-from ..config import BwdConfig, FwdConfig, LaunchConfig
+from ..config import BwdConfig, FwdConfig, LaunchConfig, descriptor_fault
 
 BLOCKS = (16, 32, 64, 128, 256)
 WARPS = (4, 8)
@@ -129,6 +129,11 @@ def why_excluded(direction: str, params: dict[str, int], env: Env) -> str | None
         return _kernel_exclusion(env, bm, bn, w, s, resident_rows=bm, streamed_rows=2 * bn,
                                  acc_values=bm * bd + 2 * bm * bn, what="fwd")
     bm1, bn1, w1, s1 = params["block_m1"], params["block_n1"], params["num_warps1"], params["num_stages1"]
+    # shapes the launcher refuses on the descriptor path (a CUDA fault on the H200; dropped on
+    # every device: they are also among the slowest where they run)
+    fault = descriptor_fault(BwdConfig(**params))
+    if fault:
+        return fault
     # dk/dv: k, v tile resident, q and do blocks streamed; dk, dv (BN x D), p and dp (BM x BN)
     why = _kernel_exclusion(env, bm1, bn1, w1, s1, resident_rows=2 * bn1, streamed_rows=2 * bm1,
                             acc_values=2 * bn1 * bd + 2 * bm1 * bn1, what="dk/dv")
