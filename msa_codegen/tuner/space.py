@@ -129,8 +129,9 @@ def why_excluded(direction: str, params: dict[str, int], env: Env) -> str | None
         return _kernel_exclusion(env, bm, bn, w, s, resident_rows=bm, streamed_rows=2 * bn,
                                  acc_values=bm * bd + 2 * bm * bn, what="fwd")
     bm1, bn1, w1, s1 = params["block_m1"], params["block_n1"], params["num_warps1"], params["num_stages1"]
-    # shapes the launcher refuses on the descriptor path (a CUDA fault on the H200; dropped on
-    # every device: they are also among the slowest where they run)
+    # shapes the launcher refuses on the descriptor path (a CUDA fault on the H200), dropped on
+    # every device: 16-row dk/dv blocks timed slower than 32- and 64-row ones wherever they were
+    # timed (sweep logs of runs 1, 2, 15a and 17h)
     fault = descriptor_fault(BwdConfig(**params))
     if fault:
         return fault
