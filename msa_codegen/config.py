@@ -48,9 +48,11 @@ def descriptor_fault(bwd: BwdConfig) -> str | None:
 
     dk/dv with 16-row query blocks and 4 pipeline stages stopped the H200 with "CUDA error:
     misaligned address" (a sticky error: the process's CUDA context is lost), while 16 rows with
-    1-2 stages and 32 rows with 3-4 stages ran (benchmarks/NOTES.md, run 17, item 10). 3 stages
-    at 16 rows was not tried, so it is refused too. The launcher raises this before launching
-    and the tuner's filter drops these shapes."""
+    1-2 stages and 32 rows with 3-4 stages ran (benchmarks/NOTES.md, run 17, item 10). The cause,
+    read from Triton 3.6's TTGIR: from 3 stages on, the LSE2 and delta tiles of the unmasked loop
+    get num_stages - 1 shared-memory slots packed at their size, BLOCK_M1 * 4 bytes, and a TMA
+    destination must be 128-byte aligned, so a 64-byte slot puts the next one off. The launcher
+    raises this before launching and the tuner's filter drops these shapes."""
     if bwd.block_m1 < 32 and bwd.num_stages1 > 2:
         return (f"dk/dv block_m1={bwd.block_m1} with num_stages1={bwd.num_stages1}: query blocks under 32 "
                 f"rows take at most 2 stages on the tensor-descriptor path (more faulted with a CUDA "
