@@ -72,22 +72,9 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args(argv)
-    import msa_codegen as msa
-    from msa_codegen.bench import _mask_mod
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from host_gap import run_cases   # beside this file: the same four forwards as host_gap.py
 
-    dev = "cuda"
-    q, k, v = (torch.randn(1, args.heads, args.n, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
-    spec = msa.parse(args.pattern).groups[0].spec
-    bm = create_block_mask(_mask_mod(spec), None, None, args.n, args.n, device=dev, _compile=True)
-    flex = torch.compile(flex_attention, dynamic=False)
-    with torch.no_grad():
-        _trace("ours", lambda: msa.attention(q, k, v, args.pattern), args.reps)
-        _trace("flex", lambda: flex(q, k, v, block_mask=bm), args.reps)
-    for t in (q, k, v):
-        t.requires_grad_()
-    _trace("ours+grad", lambda: msa.attention(q, k, v, args.pattern), args.reps)
-    _trace("flex+grad", lambda: flex(q, k, v, block_mask=bm), args.reps)
+    run_cases(args.pattern, args.n, args.heads, lambda name, fn: _trace(name, fn, args.reps))
     return 0
 
 

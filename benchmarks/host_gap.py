@@ -68,6 +68,27 @@ def _report(name, fn, rep):
           f"host/call {host:7.3f} ms  syncs {len(syncs)} {syncs[:2]}", flush=True)
 
 
+def run_cases(pattern: str, n: int, heads: int, report) -> None:
+    """``report(name, fn)`` for the forward of ours and of FlexAttention (compiled, block mask
+    built beforehand) on one bf16 case, D=128: without grad, then with grad inputs."""
+    import msa_codegen as msa
+    from msa_codegen.bench import _mask_mod
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    dev = "cuda"
+    q, k, v = (torch.randn(1, heads, n, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    spec = msa.parse(pattern).groups[0].spec
+    bm = create_block_mask(_mask_mod(spec), None, None, n, n, device=dev, _compile=True)
+    flex = torch.compile(flex_attention, dynamic=False)
+    with torch.no_grad():
+        report("ours", lambda: msa.attention(q, k, v, pattern))
+        report("flex", lambda: flex(q, k, v, block_mask=bm))
+    for t in (q, k, v):
+        t.requires_grad_()
+    report("ours+grad", lambda: msa.attention(q, k, v, pattern))
+    report("flex+grad", lambda: flex(q, k, v, block_mask=bm))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pattern", default="window=4096")
@@ -75,22 +96,7 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--rep", type=int, default=150)
     args = ap.parse_args(argv)
-    import msa_codegen as msa
-    from msa_codegen.bench import _mask_mod
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    dev = "cuda"
-    q, k, v = (torch.randn(1, args.heads, args.n, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
-    spec = msa.parse(args.pattern).groups[0].spec
-    bm = create_block_mask(_mask_mod(spec), None, None, args.n, args.n, device=dev, _compile=True)
-    flex = torch.compile(flex_attention, dynamic=False)
-    with torch.no_grad():
-        _report("ours", lambda: msa.attention(q, k, v, args.pattern), args.rep)
-        _report("flex", lambda: flex(q, k, v, block_mask=bm), args.rep)
-    for t in (q, k, v):
-        t.requires_grad_()
-    _report("ours+grad", lambda: msa.attention(q, k, v, args.pattern), args.rep)
-    _report("flex+grad", lambda: flex(q, k, v, block_mask=bm), args.rep)
+    run_cases(args.pattern, args.n, args.heads, lambda name, fn: _report(name, fn, args.rep))
     return 0
 
 
