@@ -76,6 +76,8 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dump", help="also write the whole SASS listing to this file")
     ap.add_argument("--variant", help="a variant_probe.py variant name (substring) to apply first")
+    ap.add_argument("--ds", action="store_true", help="the backward that passes the band's dS through scratch "
+                    "(dk/dv stores it, dq reads it)")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parent / "tests")]
@@ -107,7 +109,9 @@ def main(argv=None):
     bm, bn, warps, stages = (int(x) for x in args.config.split(","))
     d = args.head_dim
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, DOT_PREC="tf32", TMA=True, FOLD=True,
-                  PREFIX_TILES=False)
+                  PREFIX_TILES=False, DS=args.ds)
+    if args.ds:
+        label += ", dS through scratch"
     print(f"Triton {triton.__version__}, sm_90", flush=True)
     report(compile_kernel(getattr(mod, args.kernel), constexprs=consts,
                           options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True)), label, args.dump)

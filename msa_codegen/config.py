@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 
 import torch
 
@@ -58,6 +59,28 @@ def descriptor_fault(bwd: BwdConfig) -> str | None:
                 f"rows take at most 2 stages on the tensor-descriptor path (more faulted with a CUDA "
                 f"misaligned address on an H200)")
     return None
+
+
+#: Default for ``bwd_scratch_limit``: 8 GiB
+BWD_SCRATCH_DEFAULT = 8 << 30
+
+
+def bwd_scratch_limit() -> int:
+    """Bytes the backward may allocate for the window band's dS tiles (ops.py, ``_ds_slots``):
+    the environment variable ``MSA_BWD_SCRATCH_BYTES``, else ``BWD_SCRATCH_DEFAULT``; 0 turns the
+    scratch path off. The heads are processed in chunks that fit; when one batch of one KV
+    head's query heads does not fit, dq recomputes the band's P and dP instead (2 more products
+    a block; NOTES.md, run 18)."""
+    raw = os.environ.get("MSA_BWD_SCRATCH_BYTES")
+    if raw is None or raw == "":
+        return BWD_SCRATCH_DEFAULT
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"MSA_BWD_SCRATCH_BYTES must be an integer number of bytes, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"MSA_BWD_SCRATCH_BYTES must be >= 0, got {value}")
+    return value
 
 
 # A plain module global, not a ContextVar: torch.compile traces globals but breaks the graph

@@ -62,6 +62,15 @@ class KernelPlan:
     def has_w_phase(self) -> bool:
         return self.dense or self.has_window
 
+    @property
+    def ds_capable(self) -> bool:
+        """The backward may pass the window band's dS from the dk/dv kernel to the dq kernel
+        through a scratch buffer (ops.py) instead of recomputing it: plain kernels of a banded
+        window, no global rows, random or top-k blocks (the band then covers every pair both
+        kernels' W phases hold)."""
+        return (self.has_window and not self.dense and not self.glob and not self.random
+                and not self.topk and not self.positional)
+
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         for name, default in _OPTIONAL_FIELDS.items():

@@ -15,7 +15,7 @@ import math
 import torch
 
 from . import codegen
-from .config import LaunchConfig, current_config_list, descriptor_fault, from_list, tma_capable
+from .config import LaunchConfig, bwd_scratch_limit, current_config_list, descriptor_fault, from_list, tma_capable
 from .lowering import MAX_SEQLEN, lower
 from .dynamic import prepare
 from .spec import Pattern, Spec, parse
@@ -66,6 +66,44 @@ def _seq_tiles(plan, n: int, block: int, positional: bool) -> int:
     (``cu_seqlens``), otherwise their tiles are contiguous rows."""
     classes = 1 if positional and not plan.classes else plan.dilation
     return classes * _cdiv(_cdiv(n, classes), block)
+
+
+#: Warps and pipeline stages of the dq kernel when it reads the band's dS tiles: its tile is then
+#: the dk/dv kernel's query block x key tile, and its loop one product a block
+DS_DQ_WARPS = 4
+DS_DQ_STAGES = 3
+
+
+def _ds_slots(plan, n: int, block_m: int, block_n: int) -> int:
+    """dS^T tiles (block_n keys x block_m queries) per key tile of the dk/dv kernel's W phase.
+
+    The tile's band of query blocks starts at the block holding its first query row (the key
+    tile's first key when causal, W - 1 class positions before it otherwise), at most
+    block_m - 1 below that row, and ends W - 1 class positions past the tile's last key: at most
+    block_n + W + block_m - 2 rows (causal) or block_n + 2W + block_m - 3, and never more blocks
+    than the class has. The dq kernel finds its tile at slot (a0 - band start) / block_m: both
+    kernels' W bands hold every block pair with a visible pair and the causal or window
+    inequalities make the two ranges the same, so every slot dq reads was written."""
+    w = plan.window
+    span = block_n + w + block_m - 2 if plan.causal else block_n + 2 * w + block_m - 3
+    return min(_cdiv(span, block_m), _cdiv(_cdiv(n, plan.dilation), block_m))
+
+
+def _ds_heads(plan, positional: bool, b: int, n: int, h0: int, h1: int, group: int, block_m: int,
+              block_n: int, itemsize: int):
+    """(slots per key tile, elements per (batch, head), heads per chunk) for the backward that
+    passes the band's dS from the dk/dv kernel to the dq kernel, or None: the plan has no
+    banded W phase of the plain kernels, or one chunk of whole KV heads (``group`` query heads
+    at batch ``b``) would exceed ``config.bwd_scratch_limit()``."""
+    if positional or not plan.ds_capable:
+        return None
+    slots = _ds_slots(plan, n, block_m, block_n)
+    per_head = _seq_tiles(plan, n, block_n, False) * slots * block_n * block_m
+    fit = bwd_scratch_limit() // (b * per_head * itemsize)
+    heads = min(h1 - h0, fit // group * group)
+    if heads < 1:
+        return None
+    return slots, per_head, heads
 
 
 @functools.lru_cache(maxsize=16)
@@ -274,14 +312,6 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             h0, hs, n,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None, **_LAUNCH,
         )
-        grid = (_seq_tiles(plan, n, c.block_m2, positional), b * hs)
-        mod.msa_bwd_dq[grid](
-            q, k, v, do, lse2, delta, dq, rtab, *tstr, *pos,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), delta.stride(0), delta.stride(1),
-            h0, hs, group, n, *((nk,) if positional else ()), scale * LOG2E, scale,
-            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma,
-            num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
-        )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
         if split:
             dk_out = torch.empty((b, hk1 - hk0, nk, d), dtype=torch.float32, device=k.device)
@@ -289,33 +319,74 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             kv_off = hk0
         else:
             dk_out, dv_out, kv_off = dk, dv, 0
-        hks = hk1 - hk0
         common = (q, k, v, do, lse2, delta)
         consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
                       num_warps=c.num_warps1, num_stages=c.num_stages1, **_LAUNCH)
         if positional:
+            mod.msa_bwd_dq[(_seq_tiles(plan, n, c.block_m2, positional), b * hs)](
+                q, k, v, do, lse2, delta, dq, rtab, *tstr, *pos,
+                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), delta.stride(0), delta.stride(1),
+                h0, hs, group, n, nk, scale * LOG2E, scale,
+                HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec,
+                num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
+            )
             # one key tile per program owns every key (no prefix tiles): see the positional template
-            mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * hks)](
+            mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * (hk1 - hk0))](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
-                delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale, **consts)
+                delta.stride(0), delta.stride(1), h0, hs, group, hk1 - hk0, kv_off, n, nk, scale * LOG2E, scale,
+                **consts)
         else:
-            mod.msa_bwd_dkdv[(_seq_tiles(plan, n, c.block_n1, positional), b * hks)](
-                *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
-                *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0, *dv_out.stride(),
-                delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, c.block_m1, scale * LOG2E, scale,
-                PREFIX_TILES=False, **tma, **consts)
+            # With room for it, the dk/dv kernel stores the W band's dS^T tiles and dq reads them
+            # (one product a block instead of three), over chunks of whole KV heads; else dq
+            # recomputes them (its own tiling: block_m2 x block_n2).
+            ds = _ds_heads(plan, positional, b, n, h0, h1, group, c.block_m1, c.block_n1, q.element_size())
+            if ds:
+                slots, per_head, step = ds
+                buf = torch.empty((b, step, per_head), dtype=q.dtype, device=q.device)
+                ds_args = (buf, buf.stride(0), buf.stride(1), slots)
+            else:
+                step = hs
+                ds_args = (_dummy(q.device), 0, 0, 0)
+            for c0 in range(h0, h1, step):
+                c1 = min(h1, c0 + step)
+                ck0, ck1 = c0 // group, (c1 - 1) // group + 1
+                if ds:
+                    # dq reads the tiles dk/dv writes: dk/dv first
+                    order = ("dkdv", "dq")
+                else:
+                    order = ("dq", "dkdv")
+                for kernel in order:
+                    if kernel == "dkdv":
+                        mod.msa_bwd_dkdv[(_seq_tiles(plan, n, c.block_n1, positional), b * (ck1 - ck0))](
+                            *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
+                            *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0,
+                            *dv_out.stride(), delta.stride(0), delta.stride(1), *ds_args,
+                            c0, c1 - c0, group, ck1 - ck0, kv_off, n, c.block_m1, scale * LOG2E, scale,
+                            PREFIX_TILES=False, DS=bool(ds), **tma, **consts)
+                    else:
+                        bm, bn = (c.block_m1, c.block_n1) if ds else (c.block_m2, c.block_n2)
+                        warps, stages = (DS_DQ_WARPS, DS_DQ_STAGES) if ds else (c.num_warps2, c.num_stages2)
+                        mod.msa_bwd_dq[(_seq_tiles(plan, n, bm, positional), b * (c1 - c0))](
+                            q, k, v, do, lse2, delta, dq, rtab, *tstr,
+                            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                            delta.stride(0), delta.stride(1), *ds_args,
+                            c0, c1 - c0, group, n, scale * LOG2E, scale,
+                            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=bn, DOT_PREC=prec, DS=bool(ds), **tma,
+                            num_warps=warps, num_stages=stages, **_LAUNCH,
+                        )
         if plan.prefix and not positional:
             p = min(plan.prefix, n)
-            chunk = _prefix_chunk(n, p, b * hks * d, c.block_m1)
+            chunk = _prefix_chunk(n, p, b * (hk1 - hk0) * d, c.block_m1)
             n_chunks = _cdiv(n, chunk)
-            part_k = torch.empty((n_chunks, b, hks, p, d), dtype=torch.float32, device=q.device)
+            part_k = torch.empty((n_chunks, b, hk1 - hk0, p, d), dtype=torch.float32, device=q.device)
             part_v = torch.empty_like(part_k)
-            mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * hks)](
+            mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * (hk1 - hk0))](
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
-                delta.stride(0), delta.stride(1), h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
-                PREFIX_TILES=True, **tma, **consts)
+                delta.stride(0), delta.stride(1), _dummy(q.device), 0, 0, 0,
+                h0, hs, group, hk1 - hk0, hk0, n, chunk, scale * LOG2E, scale,
+                PREFIX_TILES=True, DS=False, **tma, **consts)
             # fixed summation order over the chunks: deterministic
             dk_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_k.sum(0).to(dk_out.dtype)
             dv_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_v.sum(0).to(dv_out.dtype)

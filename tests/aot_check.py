@@ -16,8 +16,9 @@ from msa_codegen.spec import parse
 
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
-_INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK")
-_CONSTS = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32", PREFIX_TILES=False, HAS_DLSE=False, FOLD=True)
+_INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK", "MAXB")
+_CONSTS = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=64, DOT_PREC="tf32", PREFIX_TILES=False, HAS_DLSE=False, FOLD=True,
+               DS=False)
 
 
 def compile_kernel(kern, dtype="bf16", tma=False, constexprs=None, options=None):
@@ -49,6 +50,9 @@ def main(pattern, *flags):
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
     for kern in (fwd.msa_fwd, bwd.msa_bwd_pre, bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
         compile_kernel(kern, tma="tma" in flags)
+        if plan.ds_capable and kern in (bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
+            # the band's dS through the scratch buffer (ops._ds_heads)
+            compile_kernel(kern, tma="tma" in flags, constexprs={"DS": True})
     print("compiled", pattern, *flags)
 
 
