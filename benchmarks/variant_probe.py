@@ -57,6 +57,22 @@ VARIANTS = [
             delta = delta_d.load([start + blk * BLOCK_M])
 """, """            delta, lse2 = tl.split(tl.trans(st_d.load([0, start + blk * BLOCK_M])))
 """)]),
+    # run 18 (the band's dS through scratch): where the dk/dv kernel's extra 3.8 ms go (18a:
+    # 16.0 -> 19.8 ms with the TMA stores). The edits assume the scratch path runs (the default)
+    ("bwd: dS stores all to one slot (dq wrong; L2-resident writes)", "bwd",
+     [("ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)", "ds_d.store([ds_row, 0], b_dst)")]),
+    ("bwd: no dS stores (dq wrong)", "bwd",
+     [("                ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)\n", "                pass\n")]),
+    ("bwd: dS through streaming pointer stores (.cs)", "bwd", [
+        ("""            if TMA:
+                ds_d = tl.make_tensor_descriptor(ds_base, shape=[tl.num_programs(0) * MAXB * BLOCK_N, BLOCK_M],
+                                                 strides=[BLOCK_M, 1], block_shape=[BLOCK_N, BLOCK_M])
+            else:
+                ds_d = ds_base
+""", """            ds_d = ds_base
+"""),
+        ("                ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)\n",
+         "                tl.store(ds_d + (ds_row + blk * BLOCK_N + offs_n)[:, None].to(tl.int64) * BLOCK_M + offs_m[None, :], b_dst, cache_modifier='.cs')\n")]),
     ("bwd: dk/dv K/V through pointers", "bwd",
      [("b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, TMA)",
        "b_k = _load_tile(k_base, kd, b0, j, (b0 + offs_n) < n_r, stride_kn, stride_kd, m_d, HEAD_DIM, BLOCK_D, False)"),
