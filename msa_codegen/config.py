@@ -61,16 +61,22 @@ def descriptor_fault(bwd: BwdConfig) -> str | None:
     return None
 
 
-#: Default for ``bwd_scratch_limit``: 8 GiB
-BWD_SCRATCH_DEFAULT = 8 << 30
+#: Default for ``bwd_scratch_limit``: 0, the scratch path is opt-in (NOTES.md, run 18)
+BWD_SCRATCH_DEFAULT = 0
 
 
 def bwd_scratch_limit() -> int:
-    """Bytes the backward may allocate for the window band's dS tiles (ops.py, ``_ds_slots``):
-    the environment variable ``MSA_BWD_SCRATCH_BYTES``, else ``BWD_SCRATCH_DEFAULT``; 0 turns the
-    scratch path off. The heads are processed in chunks that fit; when one batch of one KV
-    head's query heads does not fit, dq recomputes the band's P and dP instead (2 more products
-    a block; NOTES.md, run 18)."""
+    """Bytes the backward may allocate to pass the window band's dS from the dk/dv kernel to the
+    dq kernel (ops.py, ``_ds_heads``): the environment variable ``MSA_BWD_SCRATCH_BYTES``, else
+    ``BWD_SCRATCH_DEFAULT`` (0: off, dq recomputes P and dP). Read at every backward.
+
+    With a limit, plain window patterns (no global rows, random or top-k blocks) store the band's
+    dS tiles (2 bytes per attended pair and head, about 1.1 GB per head at window=4096,
+    N=131072) and dq runs one product a block instead of three; the heads go in chunks of whole
+    KV heads that fit, and when one does not, dq recomputes. On an H200 (run 18) the backward
+    was 4-10% faster for window=4096, its dilation 2 and causal=false,window=512, no faster with
+    a sink, and slower for GQA 32/8 and head dim 64: the dk/dv kernel's stores cost more than the
+    dq products they save there."""
     raw = os.environ.get("MSA_BWD_SCRATCH_BYTES")
     if raw is None or raw == "":
         return BWD_SCRATCH_DEFAULT

@@ -93,16 +93,26 @@ def _ds_heads(plan, positional: bool, b: int, n: int, h0: int, h1: int, group: i
               block_n: int, itemsize: int):
     """(slots per key tile, elements per (batch, head), heads per chunk) for the backward that
     passes the band's dS from the dk/dv kernel to the dq kernel, or None: the plan has no
-    banded W phase of the plain kernels, or one chunk of whole KV heads (``group`` query heads
-    at batch ``b``) would exceed ``config.bwd_scratch_limit()``."""
+    banded W phase of the plain kernels, the limit (``config.bwd_scratch_limit()``) is 0, or
+    one chunk of whole KV heads (``group`` query heads at batch ``b``) would exceed it."""
     if positional or not plan.ds_capable:
         return None
     slots = _ds_slots(plan, n, block_m, block_n)
     per_head = _seq_tiles(plan, n, block_n, False) * slots * block_n * block_m
-    fit = bwd_scratch_limit() // (b * per_head * itemsize)
-    heads = min(h1 - h0, fit // group * group)
-    if heads < 1:
+    limit = bwd_scratch_limit()
+    if not limit:
         return None
+    fit = limit // (b * per_head * itemsize)
+    if h0 % group or h1 % group:
+        # a KV head whose query heads fall in two head groups: chunks would not hold whole KV
+        # heads, so all of this group's heads in one, or none
+        return (slots, per_head, h1 - h0) if fit >= h1 - h0 else None
+    fit = fit // group * group
+    if fit < 1:
+        return None
+    # equal chunks of whole KV heads: a short last chunk would leave most SMs idle in its launches
+    chunks = _cdiv(h1 - h0, fit)
+    heads = min(fit, _cdiv(_cdiv(h1 - h0, chunks), group) * group)
     return slots, per_head, heads
 
 

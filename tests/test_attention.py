@@ -227,3 +227,140 @@ def test_descriptor_loads_need_aligned_layouts(device):
         out = msa.attention(*args, "window=9,sink=2")
         ref = msa.reference_attention(*args, "window=9,sink=2")
         assert (out.double() - ref).norm() / ref.norm() < 5e-3
+
+
+# ---- the window band's dS through scratch (MSA_BWD_SCRATCH_BYTES) -------------------------------
+
+def _spy_scratch(monkeypatch):
+    """The results of ops._ds_heads, one per head group and backward (None: dq recomputed)."""
+    import msa_codegen.ops as ops
+
+    seen = []
+    real = ops._ds_heads
+
+    def spy(*args):
+        seen.append(real(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(ops, "_ds_heads", spy)
+    return seen
+
+
+@pytest.mark.parametrize("pattern", ["window=40", "window=30,dilation=3,sink=5", "causal=false,window=7,sink=3",
+                                     "window=20,dilation=2,sink=37", "causal=false,window=45,dilation=2",
+                                     "window=70,sink=5"])
+@pytest.mark.parametrize("tma", [True, False], ids=["descriptors", "pointers"])
+def test_scratch_backward(pattern, tma, device, monkeypatch):
+    """With a scratch limit the dk/dv kernel stores the band's dS^T tiles (TMA stores, or
+    pointers) and dq reads them: one product a block. Against the reference with GQA, a padded
+    head dim, fp16 and a transposed layout; keys below the prefix and past the sequence share
+    tiles with the band's keys (the sink and odd lengths)."""
+    import msa_codegen.ops as ops
+
+    if tma and device == "cuda" and not ops._has_tma(torch.cuda.current_device()):
+        pytest.skip("no TMA before Hopper")
+    monkeypatch.setattr(ops, "USE_TMA", tma)
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
+    seen = _spy_scratch(monkeypatch)
+    check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
+    check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
+    assert seen and all(s is not None for s in seen)
+
+
+@pytest.mark.parametrize("cfg", [
+    LaunchConfig(FwdConfig(16, 32, 4, 1), BwdConfig(16, 32, 4, 1, 32, 16, 4, 1)),
+    LaunchConfig(FwdConfig(64, 16, 4, 1), BwdConfig(64, 16, 4, 1, 16, 64, 4, 1)),
+], ids=["bm16-bn32", "bm64-bn16"])
+@pytest.mark.parametrize("pattern", ["window=21,dilation=2,sink=5", "causal=false,window=40"])
+def test_scratch_backward_block_shapes(pattern, cfg, device, monkeypatch):
+    """dq's tiles on the scratch path are the dk/dv kernel's (block_m1 x block_n1), taller and
+    wider than each other and than the window."""
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
+    seen = _spy_scratch(monkeypatch)
+    with use_config(cfg):
+        check_attention(pattern, n=150, device=device)
+    assert seen and all(s is not None for s in seen)
+
+
+def test_scratch_backward_chunks_heads_and_falls_back(device, monkeypatch):
+    """A limit of two KV heads' tiles: chunks of whole KV heads, each its own dk/dv and dq
+    launches; below one KV head's tiles, and with the limit 0 (the default), dq recomputes."""
+    import msa_codegen.ops as ops
+    from msa_codegen.lowering import lower
+
+    b, hq, hkv, n = 2, 6, 3, 100
+    from msa_codegen.config import current_config
+
+    cfg = current_config(torch.device(device), 32, torch.float32)
+    plan = lower(msa.parse("window=20").groups[0].spec)
+    per_head = ops._seq_tiles(plan, n, cfg.bwd.block_n1, False) * ops._ds_slots(plan, n, cfg.bwd.block_m1, cfg.bwd.block_n1) \
+        * cfg.bwd.block_n1 * cfg.bwd.block_m1
+    seen = _spy_scratch(monkeypatch)
+    for limit, want in [(2 * 2 * b * per_head * 4, 4), (2 * b * per_head * 4 - 1, None), (0, None)]:
+        monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(limit))
+        check_attention("window=20", b=b, hq=hq, hkv=hkv, n=n, device=device)
+        got = seen[-1]
+        assert (got and got[2]) == want, (limit, got)
+    monkeypatch.delenv("MSA_BWD_SCRATCH_BYTES")
+    check_attention("window=20", b=1, hq=2, hkv=1, n=n, device=device)
+    assert seen[-1] is None
+
+
+def test_scratch_backward_head_groups(device, monkeypatch):
+    """Head groups whose KV head is shared (partial dk/dv sums per group) each take the scratch
+    path in one chunk."""
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
+    seen = _spy_scratch(monkeypatch)
+    check_attention("0-0:window=8;1-3:sink=4,window=3", hq=4, hkv=2, n=100, device=device)
+    assert [s is not None for s in seen] == [True, True]
+
+
+def test_scratch_limit_must_be_a_byte_count(monkeypatch):
+    from msa_codegen.config import bwd_scratch_limit
+
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", "8GiB")
+    with pytest.raises(ValueError, match="integer number of bytes"):
+        bwd_scratch_limit()
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", "-1")
+    with pytest.raises(ValueError, match=">= 0"):
+        bwd_scratch_limit()
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", "")
+    assert bwd_scratch_limit() == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_scratch_slots_cover_both_bands(causal):
+    """The slot arithmetic of the scratch path, in Python: the dk/dv kernel's W band of every
+    key tile fits the row of ops._ds_slots slots, and every key block of every dq tile's band
+    finds its tile at a slot that the key tile's band wrote (the kernels' own formulas)."""
+    import itertools
+
+    import msa_codegen.ops as ops
+    from msa_codegen.lowering import lower
+
+    cdiv = ops._cdiv
+    for w, dil, n, bm, bn, prefix in itertools.product([1, 5, 16, 40, 100], [1, 3], [1, 33, 200],
+                                                       [16, 32, 64], [16, 64], [0, 7]):
+        spec = msa.parse(f"causal={str(causal).lower()},window={w},dilation={dil}" + (f",sink={prefix}" if prefix else "")).groups[0].spec
+        plan = lower(spec)
+        slots = ops._ds_slots(plan, n, bm, bn)
+        for r in range(dil):
+            n_r = (n - r + dil - 1) // dil
+            own = (max(prefix - r, 0) + dil - 1) // dil
+
+            def dkdv_band(b0):
+                lo_edge = b0 if causal else max(b0 - w + 1, 0)
+                hi_edge = min(b0 + bn + w - 1, n_r)
+                lo = lo_edge // bm * bm
+                return lo, cdiv(max(hi_edge - lo, 0), bm)
+
+            for b0 in range(0, n_r, bn):
+                assert dkdv_band(b0)[1] <= slots, (w, dil, n, bm, bn, b0)
+            for a0 in range(0, n_r, bm):
+                lo_edge = max(a0 - w + 1, own)
+                hi_edge = min(a0 + bm, n_r) if causal else min(a0 + bm + w - 1, n_r)
+                lo = max(lo_edge, 0) // bn * bn
+                for blk in range(cdiv(max(hi_edge - lo, 0), bn)):
+                    b0 = lo + blk * bn
+                    q_lo, n_q = dkdv_band(b0)
+                    assert q_lo % bm == 0 and 0 <= (a0 - q_lo) // bm < n_q, (w, dil, n, bm, bn, a0, b0)

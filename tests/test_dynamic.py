@@ -647,7 +647,9 @@ def test_torch_compile_and_opcheck(device):
     ("causal=false,window=8,dilation=3,sink=4,random=2,block=64", ("positional", "segments", "classes")),
     ("window=64,dilation=2,sink=4,topk=2,block=64", ("tma",)),
     ("causal=false,global=3,window=16,random=2,block=64", ("tma",)),
-], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random"])
+    ("window=64,dilation=2,sink=4", ("tma",)),
+], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random",
+        "tma-dilated-sink-scratch"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed."""
     import os

@@ -139,3 +139,37 @@ def test_gpu_inputs_on_a_device_other_than_the_current_one():
     ref = chunked_reference(q, k, v, "window=256,sink=8", do)
     assert rel_err(out, ref[0]) <= FLOOR[torch.bfloat16]
 
+
+
+SCRATCH_CASES = [
+    # pattern, N, D, dtype, Hq, Hkv: the backward with the band's dS through scratch
+    ("window=4096", 16384, 128, torch.bfloat16, 8, 8),
+    ("window=1024,dilation=2,sink=64", 16385, 128, torch.bfloat16, 8, 2),
+    ("causal=false,window=512", 8192, 64, torch.float16, 4, 1),
+    ("window=256,dilation=2,sink=16", 4096, 256, torch.bfloat16, 4, 1),
+]
+
+
+@pytest.mark.parametrize("pattern,n,d,dtype,hq,hkv", SCRATCH_CASES,
+                         ids=[f"{c[0]}-N{c[1]}-D{c[2]}-{str(c[3])[6:]}-{c[4]}x{c[5]}" for c in SCRATCH_CASES])
+def test_gpu_scratch_backward(pattern, n, d, dtype, hq, hkv, monkeypatch):
+    """MSA_BWD_SCRATCH_BYTES: the dk/dv kernel stores the band's dS tiles through TMA and dq
+    reads them, all heads in one chunk, then in chunks of half the KV heads: against the fp64
+    reference, as the recomputing backward."""
+    import msa_codegen.ops as ops
+
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 40))
+    seen = []
+    real = ops._ds_heads
+
+    def spy(*args):
+        seen.append(real(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(ops, "_ds_heads", spy)
+    _check(pattern, n, d, dtype, hq, hkv)
+    slots, per_head, heads = seen[-1]
+    heads = (hq // hkv) * max(1, hkv // 2)
+    monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(heads * per_head * 2))
+    _check(pattern, n, d, dtype, hq, hkv)
+    assert seen[-1][2] == heads
