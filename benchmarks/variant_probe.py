@@ -58,11 +58,32 @@ VARIANTS = [
 """, """            delta, lse2 = tl.split(tl.trans(st_d.load([0, start + blk * BLOCK_M])))
 """)]),
     # run 18 (the band's dS through scratch): where the dk/dv kernel's extra 3.8 ms go (18a:
-    # 16.0 -> 19.8 ms with the TMA stores). The edits assume the scratch path runs (the default)
+    # 16.0 -> 19.8 ms with the TMA stores). The edits need the scratch path on: run with
+    # MSA_BWD_SCRATCH_BYTES set (it was the default in 18a-18c)
     ("bwd: dS stores all to one slot (dq wrong; L2-resident writes)", "bwd",
      [("ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)", "ds_d.store([ds_row, 0], b_dst)")]),
     ("bwd: no dS stores (dq wrong)", "bwd",
      [("                ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)\n", "                pass\n")]),
+    # 18c moved the store after the dk product's issue (dk/dv 19.8 -> 20.0 ms for window=4096);
+    # 18e then found dilation 2 and causal=false,window=512 no faster than recomputing, where
+    # 18a (store before it) had them 5-10% faster: both placements in one process
+    ("bwd: dS store before the dk product's issue (run 18a)", "bwd", [
+        ("""        dk = tl.dot(b_dst, b_q, dk, input_precision=DOT_PREC)
+        if DS and PHASE == PH_W:
+            # after the dk product is issued, so that the store overlaps it
+            if TMA:
+                # through shared memory: pointer stores would hold a 64-bit address per element
+                # in registers, and the loop spilled (101 spill instructions, Triton 3.6)
+                ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)
+            else:
+                tl.store(ds_d + (ds_row + blk * BLOCK_N + offs_n)[:, None].to(tl.int64) * BLOCK_M + offs_m[None, :], b_dst)
+""", """        if DS and PHASE == PH_W:
+            if TMA:
+                ds_d.store([ds_row + blk * BLOCK_N, 0], b_dst)
+            else:
+                tl.store(ds_d + (ds_row + blk * BLOCK_N + offs_n)[:, None].to(tl.int64) * BLOCK_M + offs_m[None, :], b_dst)
+        dk = tl.dot(b_dst, b_q, dk, input_precision=DOT_PREC)
+""")]),
     ("bwd: dS through streaming pointer stores (.cs)", "bwd", [
         ("""            if TMA:
                 ds_d = tl.make_tensor_descriptor(ds_base, shape=[tl.num_programs(0) * MAXB * BLOCK_N, BLOCK_M],
