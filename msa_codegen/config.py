@@ -74,9 +74,9 @@ def bwd_scratch_limit() -> int:
     dS tiles (2 bytes per attended pair and head, about 1.1 GB per head at window=4096,
     N=131072) and dq runs one product a block instead of three; the heads go in chunks of whole
     KV heads that fit, and when one does not, dq recomputes. On an H200 (run 18) the backward
-    was 4-10% faster for window=4096, its dilation 2 and causal=false,window=512, no faster with
-    a sink, and slower for GQA 32/8 and head dim 64: the dk/dv kernel's stores cost more than the
-    dq products they save there."""
+    was 5% faster for window=4096 (median of five rounds), faster in one run and not in another for its dilation
+    2 and causal=false,window=512, no faster with a sink, and slower for GQA 32/8 and head dim
+    64: the dk/dv kernel's stores (+4 ms at window=4096) cost about what dq saves (-5 ms)."""
     raw = os.environ.get("MSA_BWD_SCRATCH_BYTES")
     if raw is None or raw == "":
         return BWD_SCRATCH_DEFAULT
