@@ -170,9 +170,9 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
         # (32, 64, 4, 2), window=4096 H=16 N=131072 (NOTES.md run 15)
         return LaunchConfig(fwd, BwdConfig(64, 64, 4, 2, 128, 64, 8, 3))
     # head dims above 128. Backward: window=4096 H=16 N=16384 D=256 (NOTES.md run 18): dk/dv
-    # (32, 64, 8, 2) 11.30 ms with the band's dS through scratch, 12.00 with dq (128, 32, 8, 2)
-    # recomputing it, against 318 ms (run 17h) for the earlier (16, 32, 4, 1) / (32, 32, 4, 1), which
-    # compiled without wgmma. Forward: the shape ptxas compiles without spills (not yet timed)
+    # (32, 64, 8, 2) with dq (128, 32, 8, 2) 12.00 ms, against 318 ms (run 17h) for the earlier
+    # (16, 32, 4, 1) / (32, 32, 4, 1), which compiled without wgmma (11.30 with the band's dS
+    # through scratch). Forward: the shape ptxas compiles without spills (not yet timed)
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(32, 64, 8, 2, 128, 32, 8, 2))
 
 
