@@ -133,3 +133,19 @@ def chunked_reference(q, k, v, pattern, do, scale=None, compute_dtype=torch.floa
     dk = dk.view(b, hq // group, group, n, d).sum(2)
     dv = dv.view(b, hq // group, group, n, d).sum(2)
     return out, lse, dq, dk, dv
+
+
+def spy_scratch(monkeypatch):
+    """The results of ops._ds_heads, one per head group and backward, as a list that grows
+    (None: dq recomputed the band; else (slots, elements per head, heads per chunk))."""
+    import msa_codegen.ops as ops
+
+    seen = []
+    real = ops._ds_heads
+
+    def spy(*args):
+        seen.append(real(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(ops, "_ds_heads", spy)
+    return seen

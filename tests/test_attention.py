@@ -8,7 +8,7 @@ import torch
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
 
-from helpers import check_attention, make_inputs
+from helpers import check_attention, make_inputs, spy_scratch
 
 # every term alone and in combination, both directions
 PATTERNS = [
@@ -231,21 +231,6 @@ def test_descriptor_loads_need_aligned_layouts(device):
 
 # ---- the window band's dS through scratch (MSA_BWD_SCRATCH_BYTES) -------------------------------
 
-def _spy_scratch(monkeypatch):
-    """The results of ops._ds_heads, one per head group and backward (None: dq recomputed)."""
-    import msa_codegen.ops as ops
-
-    seen = []
-    real = ops._ds_heads
-
-    def spy(*args):
-        seen.append(real(*args))
-        return seen[-1]
-
-    monkeypatch.setattr(ops, "_ds_heads", spy)
-    return seen
-
-
 @pytest.mark.parametrize("pattern", ["window=40", "window=30,dilation=3,sink=5", "causal=false,window=7,sink=3",
                                      "window=20,dilation=2,sink=37", "causal=false,window=45,dilation=2",
                                      "window=70,sink=5"])
@@ -261,7 +246,7 @@ def test_scratch_backward(pattern, tma, device, monkeypatch):
         pytest.skip("no TMA before Hopper")
     monkeypatch.setattr(ops, "USE_TMA", tma)
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
-    seen = _spy_scratch(monkeypatch)
+    seen = spy_scratch(monkeypatch)
     check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
     check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
     assert seen and all(s is not None for s in seen)
@@ -276,7 +261,7 @@ def test_scratch_backward_block_shapes(pattern, cfg, device, monkeypatch):
     """dq's tiles on the scratch path are the dk/dv kernel's (block_m1 x block_n1), taller and
     wider than each other and than the window."""
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
-    seen = _spy_scratch(monkeypatch)
+    seen = spy_scratch(monkeypatch)
     with use_config(cfg):
         check_attention(pattern, n=150, device=device)
     assert seen and all(s is not None for s in seen)
@@ -295,7 +280,7 @@ def test_scratch_backward_chunks_heads_and_falls_back(device, monkeypatch):
     plan = lower(msa.parse("window=20").groups[0].spec)
     per_head = ops._seq_tiles(plan, n, cfg.bwd.block_n1, False) * ops._ds_slots(plan, n, cfg.bwd.block_m1, cfg.bwd.block_n1) \
         * cfg.bwd.block_n1 * cfg.bwd.block_m1
-    seen = _spy_scratch(monkeypatch)
+    seen = spy_scratch(monkeypatch)
     for limit, want in [(2 * 2 * b * per_head * 4, 4), (2 * b * per_head * 4 - 1, None), (0, None)]:
         monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(limit))
         check_attention("window=20", b=b, hq=hq, hkv=hkv, n=n, device=device)
@@ -310,7 +295,7 @@ def test_scratch_backward_head_groups(device, monkeypatch):
     """Head groups whose KV head is shared (partial dk/dv sums per group) each take the scratch
     path in one chunk."""
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
-    seen = _spy_scratch(monkeypatch)
+    seen = spy_scratch(monkeypatch)
     check_attention("0-0:window=8;1-3:sink=4,window=3", hq=4, hkv=2, n=100, device=device)
     assert [s is not None for s in seen] == [True, True]
 

@@ -8,7 +8,7 @@ import torch
 
 import msa_codegen as msa
 
-from helpers import FLOOR, chunked_reference, make_inputs, rel_err
+from helpers import FLOOR, chunked_reference, make_inputs, rel_err, spy_scratch
 
 pytestmark = pytest.mark.gpu
 
@@ -156,19 +156,10 @@ def test_gpu_scratch_backward(pattern, n, d, dtype, hq, hkv, monkeypatch):
     """MSA_BWD_SCRATCH_BYTES: the dk/dv kernel stores the band's dS tiles through TMA and dq
     reads them, all heads in one chunk, then in chunks of half the KV heads: against the fp64
     reference, as the recomputing backward."""
-    import msa_codegen.ops as ops
-
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 40))
-    seen = []
-    real = ops._ds_heads
-
-    def spy(*args):
-        seen.append(real(*args))
-        return seen[-1]
-
-    monkeypatch.setattr(ops, "_ds_heads", spy)
+    seen = spy_scratch(monkeypatch)
     _check(pattern, n, d, dtype, hq, hkv)
-    slots, per_head, heads = seen[-1]
+    per_head = seen[-1][1]
     heads = (hq // hkv) * max(1, hkv // 2)
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(heads * per_head * 2))
     _check(pattern, n, d, dtype, hq, hkv)
