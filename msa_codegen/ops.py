@@ -97,11 +97,11 @@ def _ds_heads(plan, positional: bool, b: int, n: int, h0: int, h1: int, group: i
     one chunk of whole KV heads (``group`` query heads at batch ``b``) would exceed it."""
     if positional or not plan.ds_capable:
         return None
-    slots = _ds_slots(plan, n, block_m, block_n)
-    per_head = _seq_tiles(plan, n, block_n, False) * slots * block_n * block_m
     limit = bwd_scratch_limit()
     if not limit:
         return None
+    slots = _ds_slots(plan, n, block_m, block_n)
+    per_head = _seq_tiles(plan, n, block_n, False) * slots * block_n * block_m
     fit = limit // (b * per_head * itemsize)
     if h0 % group or h1 % group:
         # a KV head whose query heads fall in two head groups: chunks would not hold whole KV
@@ -358,33 +358,27 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             else:
                 step = hs
                 ds_args = (_dummy(q.device), 0, 0, 0)
+            # dq's tiles: the dk/dv kernel's when it reads their dS, else its own
+            bm, bn = (c.block_m1, c.block_n1) if ds else (c.block_m2, c.block_n2)
+            warps, stages = (DS_DQ_WARPS, DS_DQ_STAGES) if ds else (c.num_warps2, c.num_stages2)
             for c0 in range(h0, h1, step):
                 c1 = min(h1, c0 + step)
                 ck0, ck1 = c0 // group, (c1 - 1) // group + 1
-                if ds:
-                    # dq reads the tiles dk/dv writes: dk/dv first
-                    order = ("dkdv", "dq")
-                else:
-                    order = ("dq", "dkdv")
-                for kernel in order:
-                    if kernel == "dkdv":
-                        mod.msa_bwd_dkdv[(_seq_tiles(plan, n, c.block_n1, positional), b * (ck1 - ck0))](
-                            *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
-                            *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0,
-                            *dv_out.stride(), delta.stride(0), delta.stride(1), *ds_args,
-                            c0, c1 - c0, group, ck1 - ck0, kv_off, n, c.block_m1, scale * LOG2E, scale,
-                            PREFIX_TILES=False, DS=bool(ds), **tma, **consts)
-                    else:
-                        bm, bn = (c.block_m1, c.block_n1) if ds else (c.block_m2, c.block_n2)
-                        warps, stages = (DS_DQ_WARPS, DS_DQ_STAGES) if ds else (c.num_warps2, c.num_stages2)
-                        mod.msa_bwd_dq[(_seq_tiles(plan, n, bm, positional), b * (c1 - c0))](
-                            q, k, v, do, lse2, delta, dq, rtab, *tstr,
-                            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-                            delta.stride(0), delta.stride(1), *ds_args,
-                            c0, c1 - c0, group, n, scale * LOG2E, scale,
-                            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=bn, DOT_PREC=prec, DS=bool(ds), **tma,
-                            num_warps=warps, num_stages=stages, **_LAUNCH,
-                        )
+                # dk/dv first: with ds, dq reads the tiles it writes (else the two are independent)
+                mod.msa_bwd_dkdv[(_seq_tiles(plan, n, c.block_n1, positional), b * (ck1 - ck0))](
+                    *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
+                    *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0,
+                    *dv_out.stride(), delta.stride(0), delta.stride(1), *ds_args,
+                    c0, c1 - c0, group, ck1 - ck0, kv_off, n, c.block_m1, scale * LOG2E, scale,
+                    PREFIX_TILES=False, DS=bool(ds), **tma, **consts)
+                mod.msa_bwd_dq[(_seq_tiles(plan, n, bm, positional), b * (c1 - c0))](
+                    q, k, v, do, lse2, delta, dq, rtab, *tstr,
+                    *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                    delta.stride(0), delta.stride(1), *ds_args,
+                    c0, c1 - c0, group, n, scale * LOG2E, scale,
+                    HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=bn, DOT_PREC=prec, DS=bool(ds), **tma,
+                    num_warps=warps, num_stages=stages, **_LAUNCH,
+                )
         if plan.prefix and not positional:
             p = min(plan.prefix, n)
             chunk = _prefix_chunk(n, p, b * (hk1 - hk0) * d, c.block_m1)
