@@ -38,6 +38,13 @@ VARIANTS = [
      [("b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, HEAD_DIM, BLOCK_D, TMA)",
        "b_q = _load_tile(q_base, qd, a0, i, m_row, stride_qn, stride_qd, m_d, HEAD_DIM, BLOCK_D, False)")]),
     ("fwd: diagonal block first, then band, then lower edge", "fwd", ["diag_first"]),
+    # run 19: Triton 3.6 pipelines each loop on its own (mbarrier init, prefetch, drain), so a
+    # window tile's three W loops (lower edge, band, diagonal) pay three pipeline fills; one loop
+    # over the whole band with the mask under a run-time branch pays one
+    ("fwd: one W loop, mask under a branch", "fwd", ["merge_fwd"]),
+    ("bwd: dq one W loop, mask under a branch", "bwd", ["merge_dq"]),
+    ("bwd: dk/dv one W loop, mask under a branch", "bwd", ["merge_dkdv"]),
+    ("bwd: dq and dk/dv one W loop each", "bwd", ["merge_dq", "merge_dkdv"]),
     # run 15's lead "causal band predicate" (no abs, no j < N) became run 16's PART tests in the
     # templates, one test per masked band block; its edits would now reach only the generic path
     # run 16's "LSE/delta through descriptors" landed in cb80dcc (run 17). Run 17 (SASS of the
@@ -118,12 +125,94 @@ def _diag_first(src: str) -> str:
     return "\n".join(lines)
 
 
+def _merge_w(src: str, loop: str) -> str:
+    # ``loop`` (_fwd_loop or _dq_loop) gains a copy, ``loop``_merged, taking the unmasked range
+    # (k_lo, k_hi) and masking the other blocks under `if`; the three W-phase calls (lower edge,
+    # band, diagonal) become one call over the whole band
+    head = f"@triton.jit\ndef {loop}("
+    a = src.index(head)
+    b = src.index("\n\n\n", a)
+    body = src[a:b].replace(f"def {loop}(", f"def {loop}_merged(k_lo, k_hi, ")
+    if loop == "_fwd_loop":
+        old = ("        if MASKED:\n            b_s = tl.where(_visible(i[:, None], j[None, :], N, PHASE, qb, kb, PART, SPAN), "
+               "b_s, float(\"-inf\"))\n")
+        new = ("        if (blk < k_lo) | (blk >= k_hi):\n            b_s = tl.where(_visible_all(i[:, None], j[None, :], N, "
+               "PHASE, qb, kb), b_s, float(\"-inf\"))\n")
+        body = body.replace("_softmax_step(b_s, m_i, l_i, acc, qk_scale, MASKED, FOLD)",
+                            "_softmax_step(b_s, m_i, l_i, acc, qk_scale, True, FOLD)")
+    else:
+        old = ("        if MASKED:\n            b_p = tl.where(_visible(i[:, None], j[None, :], N, PHASE, qb, kb, PART, SPAN), "
+               "b_p, 0.0)\n")
+        new = ("        if (blk < k_lo) | (blk >= k_hi):\n            b_p = tl.where(_visible_all(i[:, None], j[None, :], N, "
+               "PHASE, qb, kb), b_p, 0.0)\n")
+    if old not in body:
+        raise KeyError(f"{loop}: mask line")
+    body = body.replace(old, new)
+    src = src[:b] + "\n\n\n" + body + src[b:]
+    lines = src.split("\n")
+    idx = [n for n, line in enumerate(lines) if "PHASE=PH_W," in line and f" {loop}(" in line]
+    if len(idx) != 3:
+        raise KeyError(f"three W-phase {loop} calls")
+    first = lines[idx[0]]
+    # the lower edge's call runs blocks 0..k_lo: widen it to 0..n_blk and hand it the band
+    if ", 0, k_lo, N," not in first:
+        raise KeyError("lower edge call")
+    first = first.replace(f" {loop}(", f" {loop}_merged(k_lo, k_hi, ").replace(", 0, k_lo, N,", ", 0, n_blk, N,")
+    lines[idx[0]] = first
+    for n in idx[1:][::-1]:
+        del lines[n]
+    return "\n".join(lines)
+
+
+def _merge_dkdv(src: str) -> str:
+    # the dk/dv kernel's W band in one loop: the masked calls (diagonal, far edge) of the first
+    # pass over the heads go, the band's call of the second pass runs every block, masking the
+    # blocks outside (k_lo, k_hi) under `if`; LSE2/delta through descriptors in every block when
+    # the band's rows are contiguous (rows past N arrive as zeros and are masked)
+    head = "@triton.jit\ndef _dkdv_loop("
+    a = src.index(head)
+    b = src.index("\n\n\n", a)
+    body = src[a:b].replace("def _dkdv_loop(", "def _dkdv_loop_merged(k_lo, k_hi, ")
+    edits = [
+        ("    if TMA and not MASKED and (PHASE != PH_W or DIL == 1):\n", "    if TMA and (PHASE != PH_W or DIL == 1):\n"),
+        ("        if MASKED:\n            lse2 = tl.load(lse_base + i, mask=i < N, other=0.0)\n"
+         "            delta = tl.load(delta_base + i, mask=i < N, other=0.0)\n        elif TMA",
+         "        if TMA"),
+        ("        else:\n            lse2 = tl.load(lse_base + i)\n            delta = tl.load(delta_base + i)\n",
+         "        else:\n            lse2 = tl.load(lse_base + i, mask=i < N, other=0.0)\n"
+         "            delta = tl.load(delta_base + i, mask=i < N, other=0.0)\n"),
+        ("        if MASKED:\n            b_pt = tl.where(_visible(i[None, :], j[:, None], N, PHASE, qb, kb, PART, SPAN), b_pt, 0.0)\n",
+         "        if (blk < k_lo) | (blk >= k_hi):\n            b_pt = tl.where(_visible_all(i[None, :], j[:, None], N, PHASE, qb, kb), b_pt, 0.0)\n"),
+    ]
+    for old, new in edits:
+        if old not in body:
+            raise KeyError("_dkdv_loop: " + old[:50])
+        body = body.replace(old, new)
+    src = src[:b] + "\n\n\n" + body + src[b:]
+    lines = src.split("\n")
+    masked = [n for n, line in enumerate(lines) if " _dkdv_loop(" in line and "PHASE=PH_W," in line and "MASKED=True" in line]
+    band = [n for n, line in enumerate(lines) if " _dkdv_loop(" in line and "PHASE=PH_W," in line and "MASKED=False" in line]
+    if len(masked) != 2 or len(band) != 1 or ", k_lo, k_hi, N," not in lines[band[0]]:
+        raise KeyError("dk/dv W calls")
+    lines[band[0]] = lines[band[0]].replace(" _dkdv_loop(", " _dkdv_loop_merged(k_lo, k_hi, ").replace(
+        ", k_lo, k_hi, N,", ", 0, n_blk, N,").replace("MASKED=False", "MASKED=True")
+    for n in masked[::-1]:
+        del lines[n]
+    return "\n".join(lines)
+
+
 def _edit(src: str, edits) -> str:
     if isinstance(edits, tuple) and edits[0] == "templates":
         return edits[1]
     for e in edits:
         if e == "diag_first":
             src = _diag_first(src)
+        elif e == "merge_fwd":
+            src = _merge_w(src, "_fwd_loop")
+        elif e == "merge_dq":
+            src = _merge_w(src, "_dq_loop")
+        elif e == "merge_dkdv":
+            src = _merge_dkdv(src)
         else:
             if e[0] not in src:
                 raise KeyError(e[0][:60])
