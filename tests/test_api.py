@@ -164,8 +164,9 @@ def test_render_is_generated_and_plan_only():
 def test_band_parts_rendered():
     """Which masked W-band loops are told their side of the band (one test there, test_attention's
     test_band_parts checks the results): causal plans only; the forward's lower edge keeps every
-    test when prefix columns border it; the dk/dv kernel runs its unmasked band in a second
-    pass over the heads."""
+    test when prefix columns border it; the dk/dv kernel runs its whole W band as one loop
+    (SPLIT: the mask only outside the unmasked blocks, every test there), in the pass over the
+    heads that follows the other phases' masked blocks."""
     def parts(pattern, direction):
         src = codegen.render(lower(msa.parse(pattern).groups[0].spec), direction)
         return [line.split("PART=")[1].rstrip(")") for line in src.splitlines()
@@ -173,13 +174,20 @@ def test_band_parts_rendered():
     assert parts("window=4096", "fwd") == ["PART_EDGE", "PART_DIAG"]
     assert parts("window=4096,sink=64", "fwd") == ["PART_ANY", "PART_DIAG"]
     assert parts("causal=false,window=512", "fwd") == ["PART_ANY", "PART_ANY"]
-    # dq loop, then the dk/dv kernel's lower (diagonal) and upper (far edge) blocks
-    assert parts("window=4096,dilation=2", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_DIAG", "PART_EDGE"]
-    assert parts("causal", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_DIAG", "PART_ANY"]
-    src = codegen.render(lower(msa.parse("window=4096").groups[0].spec), "bwd")
-    dkdv = src[src.index("def msa_bwd_dkdv"):]
-    assert dkdv.count("for i_h in range(") == 2
-    assert dkdv.index("MASKED=True, PHASE=PH_W") < dkdv.index("MASKED=False, PHASE=PH_W")
+    # dq's loops, then the dk/dv kernel's one loop over its band
+    assert parts("window=4096,dilation=2", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_ANY"]
+    assert parts("causal", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_ANY"]
+
+    def dkdv(pattern):
+        src = codegen.render(lower(msa.parse(pattern).groups[0].spec), "bwd")
+        return src[src.index("def msa_bwd_dkdv"):]
+    for pattern, passes in (("window=4096", 1), ("window=4096,sink=64", 2)):
+        body = dkdv(pattern)
+        w = [line for line in body.splitlines() if "PHASE=PH_W" in line]
+        assert len(w) == 1 and "MASKED=True, SPLIT=True" in w[0] and ", 0, n_blk, N, qk_scale, 0, 0, k_lo, k_hi," in w[0]
+        assert body.count("for i_h in range(") == passes
+        assert body.rindex("for i_h in range(") < body.index("PHASE=PH_W")
+        assert body.count("SPLIT=True") == 1   # the prefix tiles' P^T band keeps its three loops
 
 
 def test_plan_admits_only_ints_and_bools():
