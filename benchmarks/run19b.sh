@@ -2,7 +2,9 @@
 # Run 19b (2026-12-01, one H200): the dk/dv kernel's W band as one loop (bwd.py.jinja, SPLIT).
 # The GPU tests, the tuner's timing test, then the new templates against the previous commit's
 # in one process (variant_probe.py --templates; old_templates_run19 is a copy of 9ad8666's
-# msa_codegen/templates, sent with the tree and not committed). Run 19c re-tunes.
+# msa_codegen/templates, sent with the tree and not committed: recreate it with
+# `mkdir old_templates_run19 && git archive 9ad8666 msa_codegen/templates | tar -x --strip-components=2 -C old_templates_run19`).
+# Run 19c re-tunes.
 set -u
 OUT=${OUT:-/tmp/msa-out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 start=$(date +%s)
