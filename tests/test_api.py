@@ -164,9 +164,9 @@ def test_render_is_generated_and_plan_only():
 def test_band_parts_rendered():
     """Which masked W-band loops are told their side of the band (one test there, test_attention's
     test_band_parts checks the results): causal plans only; the forward's lower edge keeps every
-    test when prefix columns border it; the dk/dv kernel runs its whole W band as one loop
-    (SPLIT: the mask only outside the unmasked blocks, every test there), in the pass over the
-    heads that follows the other phases' masked blocks."""
+    test when prefix columns border it; the dk/dv kernel runs a W band of contiguous rows as one
+    loop (SPLIT: the mask only outside the unmasked blocks, every test there) in the pass over
+    the heads that follows the masked blocks, and a dilated band's edges among those."""
     def parts(pattern, direction):
         src = codegen.render(lower(msa.parse(pattern).groups[0].spec), direction)
         return [line.split("PART=")[1].rstrip(")") for line in src.splitlines()
@@ -174,9 +174,10 @@ def test_band_parts_rendered():
     assert parts("window=4096", "fwd") == ["PART_EDGE", "PART_DIAG"]
     assert parts("window=4096,sink=64", "fwd") == ["PART_ANY", "PART_DIAG"]
     assert parts("causal=false,window=512", "fwd") == ["PART_ANY", "PART_ANY"]
-    # dq's loops, then the dk/dv kernel's one loop over its band
-    assert parts("window=4096,dilation=2", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_ANY"]
+    # dq's loops, then the dk/dv kernel's: one loop over a band of contiguous rows; a dilated
+    # band's lower (diagonal) and upper (far edge) blocks, its inside in the second pass
     assert parts("causal", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_ANY"]
+    assert parts("window=4096,dilation=2", "bwd") == ["PART_EDGE", "PART_DIAG", "PART_DIAG", "PART_EDGE"]
 
     def dkdv(pattern):
         src = codegen.render(lower(msa.parse(pattern).groups[0].spec), "bwd")
@@ -188,6 +189,10 @@ def test_band_parts_rendered():
         assert body.count("for i_h in range(") == passes
         assert body.rindex("for i_h in range(") < body.index("PHASE=PH_W")
         assert body.count("SPLIT=True") == 1   # the prefix tiles' P^T band keeps its three loops
+    body = dkdv("window=4096,dilation=2")
+    assert "SPLIT=True" not in body and body.count("for i_h in range(") == 2
+    assert body.index("MASKED=True, SPLIT=False, PHASE=PH_W") < body.rindex("for i_h in range(") < \
+        body.index("MASKED=False, SPLIT=False, PHASE=PH_W")
 
 
 def test_plan_admits_only_ints_and_bools():
