@@ -323,8 +323,9 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64, HAS_DLSE=dlse is not None, **_LAUNCH,
         )
         hk0, hk1 = h0 // group, (h1 - 1) // group + 1
+        hks = hk1 - hk0
         if split:
-            dk_out = torch.empty((b, hk1 - hk0, nk, d), dtype=torch.float32, device=k.device)
+            dk_out = torch.empty((b, hks, nk, d), dtype=torch.float32, device=k.device)
             dv_out = torch.empty_like(dk_out)
             kv_off = hk0
         else:
@@ -341,10 +342,10 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
             )
             # one key tile per program owns every key (no prefix tiles): see the positional template
-            mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * (hk1 - hk0))](
+            mod.msa_bwd_dkdv[(_seq_tiles(plan, nk, c.block_n1, positional), b * hks)](
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
-                delta.stride(0), delta.stride(1), h0, hs, group, hk1 - hk0, kv_off, n, nk, scale * LOG2E, scale,
+                delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale,
                 **consts)
         else:
             # With room for it, the dk/dv kernel stores the W band's dS^T tiles and dq reads them
@@ -381,15 +382,15 @@ def _bwd(do, q, k, v, o, lse, dlse, pattern: str, scale: float, cfg: LaunchConfi
                 )
         if plan.prefix and not positional:
             p = min(plan.prefix, n)
-            chunk = _prefix_chunk(n, p, b * (hk1 - hk0) * d, c.block_m1)
+            chunk = _prefix_chunk(n, p, b * hks * d, c.block_m1)
             n_chunks = _cdiv(n, chunk)
-            part_k = torch.empty((n_chunks, b, hk1 - hk0, p, d), dtype=torch.float32, device=q.device)
+            part_k = torch.empty((n_chunks, b, hks, p, d), dtype=torch.float32, device=q.device)
             part_v = torch.empty_like(part_k)
-            mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * (hk1 - hk0))](
+            mod.msa_bwd_dkdv[(_cdiv(p, c.block_n1) * n_chunks, b * hks)](
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
                 delta.stride(0), delta.stride(1), _dummy(q.device), 0, 0, 0,
-                h0, hs, group, hk1 - hk0, hk0, n, chunk, scale * LOG2E, scale,
+                h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
                 PREFIX_TILES=True, DS=False, **tma, **consts)
             # fixed summation order over the chunks: deterministic
             dk_out[:, hk0 - kv_off:hk1 - kv_off, :p] = part_k.sum(0).to(dk_out.dtype)
