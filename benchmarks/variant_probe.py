@@ -43,8 +43,8 @@ VARIANTS = [
     # over the whole band with the mask under a run-time branch pays one
     ("fwd: one W loop, mask under a branch", "fwd", ["merge_fwd"]),
     ("bwd: dq one W loop, mask under a branch", "bwd", ["merge_dq"]),
-    ("bwd: dk/dv one W loop, mask under a branch", "bwd", ["merge_dkdv"]),
-    ("bwd: dq and dk/dv one W loop each", "bwd", ["merge_dq", "merge_dkdv"]),
+    # run 19a's "dk/dv one W loop" landed in 4f0de6f (bwd.py.jinja, SPLIT) for DIL 1; its edit
+    # would now find nothing to merge
     # run 15's lead "causal band predicate" (no abs, no j < N) became run 16's PART tests in the
     # templates, one test per masked band block; its edits would now reach only the generic path
     # run 16's "LSE/delta through descriptors" landed in cb80dcc (run 17). Run 17 (SASS of the
@@ -52,8 +52,9 @@ VARIANTS = [
     # LSE2, delta); delta and LSE2 sit in one buffer (2, B, H, N_pad), so one 2-D descriptor over
     # both rows loads them with one TMA issue: one barrier fewer a block
     ("bwd: dk/dv delta and LSE2 through one 2-D descriptor", "bwd", [
-        ("lse_base, delta_base, stride_qn", "lse_base, delta_base, stat_s, stride_qn"),
-        ("lse_base, delta_base,\n               stride_qn", "lse_base, delta_base, stat_s,\n               stride_qn"),
+        ("lse_base, delta_base, ds_d, ds_row, stride_qn", "lse_base, delta_base, stat_s, ds_d, ds_row, stride_qn"),
+        ("lse_base, delta_base, ds_d, ds_row,\n               stride_qn",
+         "lse_base, delta_base, stat_s, ds_d, ds_row,\n               stride_qn"),
         ("    i_hk = H_OFF // GROUP + pid_bh % HK\n",
          "    i_hk = H_OFF // GROUP + pid_bh % HK\n    stat_s = (tl.num_programs(1) // HK) * stride_lb\n"),
         ("""        lse_d = tl.make_tensor_descriptor(lse_base, shape=[N], strides=[1], block_shape=[BLOCK_M])
@@ -164,43 +165,6 @@ def _merge_w(src: str, loop: str) -> str:
     return "\n".join(lines)
 
 
-def _merge_dkdv(src: str) -> str:
-    # the dk/dv kernel's W band in one loop: the masked calls (diagonal, far edge) of the first
-    # pass over the heads go, the band's call of the second pass runs every block, masking the
-    # blocks outside (k_lo, k_hi) under `if`; LSE2/delta through descriptors in every block when
-    # the band's rows are contiguous (rows past N arrive as zeros and are masked)
-    head = "@triton.jit\ndef _dkdv_loop("
-    a = src.index(head)
-    b = src.index("\n\n\n", a)
-    body = src[a:b].replace("def _dkdv_loop(", "def _dkdv_loop_merged(k_lo, k_hi, ")
-    edits = [
-        ("    if TMA and not MASKED and (PHASE != PH_W or DIL == 1):\n", "    if TMA and (PHASE != PH_W or DIL == 1):\n"),
-        ("        if MASKED:\n            lse2 = tl.load(lse_base + i, mask=i < N, other=0.0)\n"
-         "            delta = tl.load(delta_base + i, mask=i < N, other=0.0)\n        elif TMA",
-         "        if TMA"),
-        ("        else:\n            lse2 = tl.load(lse_base + i)\n            delta = tl.load(delta_base + i)\n",
-         "        else:\n            lse2 = tl.load(lse_base + i, mask=i < N, other=0.0)\n"
-         "            delta = tl.load(delta_base + i, mask=i < N, other=0.0)\n"),
-        ("        if MASKED:\n            b_pt = tl.where(_visible(i[None, :], j[:, None], N, PHASE, qb, kb, PART, SPAN), b_pt, 0.0)\n",
-         "        if (blk < k_lo) | (blk >= k_hi):\n            b_pt = tl.where(_visible_all(i[None, :], j[:, None], N, PHASE, qb, kb), b_pt, 0.0)\n"),
-    ]
-    for old, new in edits:
-        if old not in body:
-            raise KeyError("_dkdv_loop: " + old[:50])
-        body = body.replace(old, new)
-    src = src[:b] + "\n\n\n" + body + src[b:]
-    lines = src.split("\n")
-    masked = [n for n, line in enumerate(lines) if " _dkdv_loop(" in line and "PHASE=PH_W," in line and "MASKED=True" in line]
-    band = [n for n, line in enumerate(lines) if " _dkdv_loop(" in line and "PHASE=PH_W," in line and "MASKED=False" in line]
-    if len(masked) != 2 or len(band) != 1 or ", k_lo, k_hi, N," not in lines[band[0]]:
-        raise KeyError("dk/dv W calls")
-    lines[band[0]] = lines[band[0]].replace(" _dkdv_loop(", " _dkdv_loop_merged(k_lo, k_hi, ").replace(
-        ", k_lo, k_hi, N,", ", 0, n_blk, N,").replace("MASKED=False", "MASKED=True")
-    for n in masked[::-1]:
-        del lines[n]
-    return "\n".join(lines)
-
-
 def _edit(src: str, edits) -> str:
     if isinstance(edits, tuple) and edits[0] == "templates":
         return edits[1]
@@ -211,8 +175,6 @@ def _edit(src: str, edits) -> str:
             src = _merge_w(src, "_fwd_loop")
         elif e == "merge_dq":
             src = _merge_w(src, "_dq_loop")
-        elif e == "merge_dkdv":
-            src = _merge_dkdv(src)
         else:
             if e[0] not in src:
                 raise KeyError(e[0][:60])
