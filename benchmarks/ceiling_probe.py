@@ -1,0 +1,274 @@
+"""Probe (issue 4, run 20): how fast can Triton run the backward's loop structure at all?
+
+    PYTHONPATH=$PWD python3 benchmarks/ceiling_probe.py [--n 131072] [--heads 16] [--window 4096] [--rep 150]
+    PYTHONPATH=/tmp/t36:$PWD python benchmarks/ceiling_probe.py --sass     # no GPU: sm_90 SASS of each variant
+
+The backward of the two-kernel deterministic design does 7 products a block pair: the dk/dv
+kernel QK^T, dO V^T, P^T dO and dS^T Q (one key tile a program, its K and V resident), the dq
+kernel QK^T, dO V^T and dS K (one query tile a program). The kernels here keep exactly that
+loop structure for a causal window (B=1, D=128, bf16, the band of every tile without its edge
+masks), with K/V (dk/dv) or Q/dO (dq) loaded once through a tensor descriptor and the streamed
+tiles through pipelined descriptor loads, and vary what happens between the products:
+
+- ``products``: nothing but a cast between them (S^T -> P^T, dP^T -> dS^T): the time of the
+  products and their loads alone, the ceiling of this structure in the Triton that compiles it;
+- ``softmax``: the backward's element-wise work as the generated kernels do it (exp2 of the
+  folded scores minus LSE2, delta, both through 1-D descriptors), still without edge masks;
+- ``RS`` (dk/dv only): K and V moved into registers before the loop (a select on the tile's row
+  bound, which the compiler cannot fold), so that S^T and dP^T read their A operand from
+  registers instead of shared memory (at 64 x 64 both operands from shared memory need about
+  128 bytes a cycle, the shared-memory bandwidth of an SM).
+
+The outputs are not attention gradients (no masks; ``products`` has no softmax): each variant
+is checked only for being finite, and timed. Every figure is printed as ms and as the rate of
+the products it executes (7 or 3 or 4 products of 2 * BLOCK_M * BLOCK_N * D per block) against
+the bf16 matmul rate measured in the same process (torch.mm, 8192^3). Not part of the package.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    return tl.make_tensor_descriptor(T, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK, HEAD_DIM])
+
+
+@triton.jit
+def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b0 = pid_n * BLOCK_N
+    row0 = pid_bh * N
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    qd = _rows(Q, BH * N, HEAD_DIM, BLOCK_M)
+    dod = _rows(DO, BH * N, HEAD_DIM, BLOCK_M)
+    k = _rows(K, BH * N, HEAD_DIM, BLOCK_N).load([row0 + b0, 0])
+    v = _rows(V, BH * N, HEAD_DIM, BLOCK_N).load([row0 + b0, 0])
+    if RS:
+        own = (b0 + offs_n < N)[:, None]
+        k = tl.where(own, k, 0.0)
+        v = tl.where(own, v, 0.0)
+    lse_d = tl.make_tensor_descriptor(LSE2 + row0, shape=[N], strides=[1], block_shape=[BLOCK_M])
+    delta_d = tl.make_tensor_descriptor(DELTA + row0, shape=[N], strides=[1], block_shape=[BLOCK_M])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo = (b0 // BLOCK_M) * BLOCK_M
+    hi = tl.minimum(b0 + BLOCK_N + WINDOW - 1, N)
+    for start in range(lo, hi, BLOCK_M):
+        q = qd.load([row0 + start, 0])
+        do = dod.load([row0 + start, 0])
+        st = tl.dot(k, tl.trans(q))
+        if SOFTMAX:
+            lse2 = lse_d.load([start])
+            delta = delta_d.load([start])
+            pt = tl.math.exp2(st * qk_scale - lse2[None, :])
+        else:
+            pt = st
+        dv = tl.dot(pt.to(do.dtype), do, dv)
+        dpt = tl.dot(v, tl.trans(do))
+        if SOFTMAX:
+            dst = (pt * (dpt - delta[None, :])).to(q.dtype)
+        else:
+            dst = dpt.to(q.dtype)
+        dk = tl.dot(dst, q, dk)
+    rows = (row0 + b0 + offs_n).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DK + rows, dk.to(DK.dtype.element_ty))
+    tl.store(DV + rows, dv.to(DV.dtype.element_ty))
+
+
+@triton.jit
+def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i0 = pid_m * BLOCK_M
+    row0 = pid_bh * N
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
+    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
+    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
+    do = _rows(DO, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
+    lse2 = tl.load(LSE2 + row0 + i0 + offs_m)
+    delta = tl.load(DELTA + row0 + i0 + offs_m)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    lo = (tl.maximum(i0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(i0 + BLOCK_M, N)
+    for start in range(lo, hi, BLOCK_N):
+        k = kd.load([row0 + start, 0])
+        v = vd.load([row0 + start, 0])
+        s = tl.dot(q, tl.trans(k))
+        dp = tl.dot(do, tl.trans(v))
+        if SOFTMAX:
+            p = tl.math.exp2(s * qk_scale - lse2[:, None])
+            ds = (p * (dp - delta[:, None])).to(k.dtype)
+        else:
+            ds = (dp - s).to(k.dtype)
+        dq = tl.dot(ds, k, dq)
+    rows = (row0 + i0 + offs_m).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(DQ + rows, dq.to(DQ.dtype.element_ty))
+
+
+# kernel, block_m, block_n, warps, stages; the generated defaults first (config.py: dk/dv
+# (64, 64, 4, 2), dq (128, 64, 8, 3) for D=128)
+DKDV_SHAPES = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
+               (128, 64, 4, 2)]
+DQ_SHAPES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 2)]
+# (mode name, SOFTMAX, RS); RS only for dk/dv
+MODES = {"dkdv": [("products", False, False), ("softmax", False, False), ("products RS", False, True),
+                  ("softmax RS", True, True)],
+         "dq": [("products", False, False), ("softmax", True, False)]}
+MODES["dkdv"][1] = ("softmax", True, False)
+
+
+def _blocks(kind, n, w, bm, bn):
+    """Blocks each variant's loops run over all programs of one head (the host twin of the bounds)."""
+    total = 0
+    if kind == "dkdv":
+        for b0 in range(0, n, bn):
+            lo, hi = b0 // bm * bm, min(b0 + bn + w - 1, n)
+            total += len(range(lo, hi, bm))
+    else:
+        for i0 in range(0, n, bm):
+            lo, hi = max(i0 - w + 1, 0) // bn * bn, min(i0 + bm, n)
+            total += len(range(lo, hi, bn))
+    return total
+
+
+def _sass():
+    """Compile every variant for sm_90 with the installed Triton and print registers, spills and
+    where each HGMMA reads its A operand (benchmarks/sass_report.py's report)."""
+    from pathlib import Path
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sass_report import report
+
+    print(f"Triton {triton.__version__}, sm_90", flush=True)
+    for kind, kern, shapes in (("dkdv", _dkdv, DKDV_SHAPES), ("dq", _dq, DQ_SHAPES)):
+        for bm, bn, warps, stages in shapes:
+            for mode, soft, rs in MODES[kind]:
+                sig, consts = {}, {}
+                values = dict(WINDOW=4096, HEAD_DIM=128, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs)
+                for idx, name in enumerate(kern.arg_names):
+                    if kern.params[idx].is_constexpr:
+                        sig[name] = "constexpr"
+                        consts[(idx,)] = values[name]
+                    elif name in ("N", "BH"):
+                        sig[name] = "i32"
+                    elif name == "qk_scale":
+                        sig[name] = "fp32"
+                    elif name in ("LSE2", "DELTA"):
+                        sig[name] = "*fp32"
+                    else:
+                        sig[name] = "*bf16"
+                label = f"{kind} {mode} ({bm}, {bn}, {warps}, {stages})"
+                try:
+                    compiled = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts),
+                                              target=GPUTarget("cuda", 90, 32),
+                                              options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True))
+                    report(compiled, label)
+                except Exception as e:   # reported, never dropped
+                    print(f"{label}: failed to compile: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=131072)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--window", type=int, default=4096)
+    ap.add_argument("--rep", type=int, default=150, help="do_bench's rep (ms) per figure")
+    ap.add_argument("--sass", action="store_true", help="no GPU: compile each variant for sm_90 and report it")
+    args = ap.parse_args(argv)
+    if args.sass:
+        _sass()
+        return 0
+    import msa_codegen as msa
+    from msa_codegen.ops import _ensure_allocator
+
+    _ensure_allocator()
+    n, h, d, w = args.n, args.heads, 128, args.window
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    bench = lambda fn: triton.testing.do_bench(fn, rep=args.rep, return_mode="median")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16, generator=g)
+    peak = 2 * 8192 ** 3 / bench(lambda: a @ a) * 1e-9
+    print(f"torch.mm bf16 8192^3: {peak:.0f} TFLOP/s (the matmul rate of this process)", flush=True)
+    pattern = f"window={w}"
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = msa.attention(qq, kk, vv, pattern, return_lse=True)
+    ours = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+    pairs = h * (w * n - w * (w - 1) // 2)
+    print(f"ours backward {pattern}, H={h}, N={n}: {ours:.3f} ms ({2.5 * 4 * d * pairs / ours * 1e-9:.0f} TFLOP/s "
+          f"effective, 2.5 x 4 D pairs)", flush=True)
+    # our backward's kernels, one by one (torch.profiler, 10 iterations)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
+        torch.cuda.synchronize()
+    for e in sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total", 0)):
+        t = getattr(e, "device_time_total", 0) / 10 / 1000.0
+        if t > 0.05 and e.device_type == torch.autograd.DeviceType.CUDA:
+            print(f"  ours, kernel {e.key[:60]}: {t:.3f} ms a backward", flush=True)
+    lse2 = (lse.detach().float() * 1.4426950408889634).contiguous()
+    delta = (out.detach().float() * do.float()).sum(-1).contiguous()
+    scale = d ** -0.5 * 1.4426950408889634
+    print(f"{'variant':34s} {'ms':>8s} {'prod TF/s':>9s} {'of mm':>6s}", flush=True)
+    best = {}
+    for kind, kern, shapes, products in (("dkdv", _dkdv, DKDV_SHAPES, 4), ("dq", _dq, DQ_SHAPES, 3)):
+        for bm, bn, warps, stages in shapes:
+            flops = products * 2 * bm * bn * d * h * _blocks(kind, n, w, bm, bn)
+            for mode, soft, rs in MODES[kind]:
+                label = f"{kind} {mode} ({bm}, {bn}, {warps}, {stages})"
+                try:
+                    if kind == "dkdv":
+                        dk, dv = torch.empty_like(k), torch.empty_like(v)
+                        run = lambda: kern[(n // bn, h)](q, k, v, do, lse2, delta, dk, dv, n, h, scale, WINDOW=w,
+                                                         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs,
+                                                         num_warps=warps, num_stages=stages)
+                        outs = (dk, dv)
+                    else:
+                        dq = torch.empty_like(q)
+                        run = lambda: kern[(n // bm, h)](q, k, v, do, lse2, delta, dq, n, h, scale, WINDOW=w,
+                                                         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs,
+                                                         num_warps=warps, num_stages=stages)
+                        outs = (dq,)
+                    run()
+                    torch.cuda.synchronize()
+                    if not all(torch.isfinite(t).all().item() for t in outs):
+                        raise RuntimeError("non-finite output")
+                    ms = bench(run)
+                    rate = flops / ms * 1e-9
+                    print(f"{label:34s} {ms:8.3f} {rate:9.0f} {rate / peak:6.1%}", flush=True)
+                    key = (kind, mode)
+                    if key not in best or ms < best[key][0]:
+                        best[key] = (ms, label)
+                except Exception as e:   # reported, never dropped
+                    print(f"{label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                          flush=True)
+                    if "CUDA error" in str(e):
+                        raise
+    print("\nbest of each (dk/dv + dq is the floor of the two-kernel design in this Triton):", flush=True)
+    for key, (ms, label) in sorted(best.items()):
+        print(f"  {label:34s} {ms:8.3f} ms", flush=True)
+    for mode in ("products", "softmax"):
+        if ("dkdv", mode) in best and ("dq", mode) in best:
+            total = best[("dkdv", mode)][0] + best[("dq", mode)][0]
+            print(f"  {mode}: dk/dv + dq = {total:.3f} ms against ours {ours:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
