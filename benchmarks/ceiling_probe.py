@@ -41,7 +41,8 @@ def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr):
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
+          WS: tl.constexpr = False, STAGES: tl.constexpr = 2):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b0 = pid_n * BLOCK_N
@@ -62,7 +63,7 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     lo = (b0 // BLOCK_M) * BLOCK_M
     hi = tl.minimum(b0 + BLOCK_N + WINDOW - 1, N)
-    for start in range(lo, hi, BLOCK_M):
+    for start in tl.range(lo, hi, BLOCK_M, num_stages=STAGES, warp_specialize=WS):
         q = qd.load([row0 + start, 0])
         do = dod.load([row0 + start, 0])
         st = tl.dot(k, tl.trans(q))
@@ -86,7 +87,8 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
 
 @triton.jit
 def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
+        WS: tl.constexpr = False, STAGES: tl.constexpr = 2):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i0 = pid_m * BLOCK_M
@@ -97,12 +99,17 @@ def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEA
     vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
     q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
     do = _rows(DO, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
-    lse2 = tl.load(LSE2 + row0 + i0 + offs_m)
-    delta = tl.load(DELTA + row0 + i0 + offs_m)
+    if WS:
+        # pointer loads here fail Triton 3.6's warp-specialisation pass; descriptors compile
+        lse2 = tl.make_tensor_descriptor(LSE2 + row0, shape=[N], strides=[1], block_shape=[BLOCK_M]).load([i0])
+        delta = tl.make_tensor_descriptor(DELTA + row0, shape=[N], strides=[1], block_shape=[BLOCK_M]).load([i0])
+    else:
+        lse2 = tl.load(LSE2 + row0 + i0 + offs_m)
+        delta = tl.load(DELTA + row0 + i0 + offs_m)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     lo = (tl.maximum(i0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
     hi = tl.minimum(i0 + BLOCK_M, N)
-    for start in range(lo, hi, BLOCK_N):
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
         k = kd.load([row0 + start, 0])
         v = vd.load([row0 + start, 0])
         s = tl.dot(q, tl.trans(k))
@@ -117,16 +124,63 @@ def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEA
     tl.store(DQ + rows, dq.to(DQ.dtype.element_ty))
 
 
-# kernel, block_m, block_n, warps, stages; the generated defaults first (config.py: dk/dv
-# (64, 64, 4, 2), dq (128, 64, 8, 3) for D=128)
-DKDV_SHAPES = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
-               (128, 64, 4, 2)]
-DQ_SHAPES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 2)]
-# (mode name, SOFTMAX, RS); RS only for dk/dv
-MODES = {"dkdv": [("products", False, False), ("softmax", False, False), ("products RS", False, True),
-                  ("softmax RS", True, True)],
-         "dq": [("products", False, False), ("softmax", True, False)]}
-MODES["dkdv"][1] = ("softmax", True, False)
+@triton.jit
+def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+         BLOCK_N: tl.constexpr, WS: tl.constexpr = False, STAGES: tl.constexpr = 3):
+    # the forward's band without edge masks: online softmax over the key blocks of a query tile
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i0 = pid_m * BLOCK_M
+    row0 = pid_bh * N
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
+    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
+    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    lo = (tl.maximum(i0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(i0 + BLOCK_M, N)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
+        k = kd.load([row0 + start, 0])
+        v = vd.load([row0 + start, 0])
+        s = tl.dot(q, tl.trans(k))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    rows = (row0 + i0 + offs_m).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(O + rows, (acc / l_i[:, None]).to(O.dtype.element_ty))
+
+
+# (kind, mode, SOFTMAX, RS, WS, (block_m, block_n, warps, stages)); the generated defaults are dk/dv
+# (64, 64, 4, 2) and dq (128, 64, 8, 3) for D=128 (config.py)
+_MODES = {"dkdv": [("products", False, False), ("softmax", True, False), ("products RS", False, True),
+                   ("softmax RS", True, True)],
+          "dq": [("products", False, False), ("softmax", True, False)]}
+RUN20A = ([("dkdv", m, soft, rs, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
+                                                     (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
+                                                     (128, 64, 4, 2)] for m, soft, rs in _MODES["dkdv"]]
+          + [("dq", m, soft, rs, False, c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
+                                                   (64, 64, 4, 3), (64, 128, 4, 2)] for m, soft, rs in _MODES["dq"]])
+# Run 20b: ``tl.range(..., warp_specialize=True)``. In Triton 3.6 it takes effect with 4 warps only
+# (8 warps compile without partitions): a producer partition issues the TMA loads and two
+# consumer warpgroups of 4 warps (232 registers each) split the tile's rows, 64 each, so the
+# tile is 128 rows: the key tile of dk/dv (block_n 128), the query tile of dq (block_m 128).
+# Each WS variant is checked against the same kernel without WS.
+WS_SHAPES = {"dkdv": [(64, 128, 4, 2), (64, 128, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3)],
+             "dq": [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)]}
+RUN20B = ([("dkdv", "products", False, False, False, (64, 64, 4, 2)), ("dkdv", "softmax", True, False, False, (64, 64, 4, 2)),
+           ("dq", "products", False, False, False, (128, 64, 8, 3)), ("dq", "softmax", True, False, False, (128, 64, 8, 3))]
+          + [(kind, m + " WS", soft, False, True, c) for kind in ("dkdv", "dq") for c in WS_SHAPES[kind]
+             for m, soft in (("products", False), ("softmax", True))])
+# the forward (ours: (128, 128, 8, 3)); (128, 128, 4, 3) with WS needs 240 KiB of shared memory
+RUN20B += [("fwd", "softmax", True, False, False, (128, 128, 8, 3))] + [
+    ("fwd", "softmax WS", True, False, True, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4)]]
+SETS = {"20a": RUN20A, "20b": RUN20B}
 
 
 def _blocks(kind, n, w, bm, bn):
@@ -143,7 +197,7 @@ def _blocks(kind, n, w, bm, bn):
     return total
 
 
-def _sass():
+def _sass(variants):
     """Compile every variant for sm_90 with the installed Triton and print registers, spills and
     where each HGMMA reads its A operand (benchmarks/sass_report.py's report)."""
     from pathlib import Path
@@ -155,15 +209,16 @@ def _sass():
     from sass_report import report
 
     print(f"Triton {triton.__version__}, sm_90", flush=True)
-    for kind, kern, shapes in (("dkdv", _dkdv, DKDV_SHAPES), ("dq", _dq, DQ_SHAPES)):
-        for bm, bn, warps, stages in shapes:
-            for mode, soft, rs in MODES[kind]:
+    for kind, mode, soft, rs, ws, (bm, bn, warps, stages) in variants:
+                kern = {"dkdv": _dkdv, "dq": _dq, "fwd": _fwd}[kind]
                 sig, consts = {}, {}
-                values = dict(WINDOW=4096, HEAD_DIM=128, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs)
+                values = dict(WINDOW=4096, HEAD_DIM=128, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws,
+                              STAGES=stages)
                 for idx, name in enumerate(kern.arg_names):
                     if kern.params[idx].is_constexpr:
                         sig[name] = "constexpr"
-                        consts[(idx,)] = values[name]
+                        if name in values:
+                            consts[(idx,)] = values[name]
                     elif name in ("N", "BH"):
                         sig[name] = "i32"
                     elif name == "qk_scale":
@@ -188,10 +243,11 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--rep", type=int, default=150, help="do_bench's rep (ms) per figure")
+    ap.add_argument("--set", choices=sorted(SETS), default="20b", help="which variants (run 20a's or 20b's)")
     ap.add_argument("--sass", action="store_true", help="no GPU: compile each variant for sm_90 and report it")
     args = ap.parse_args(argv)
     if args.sass:
-        _sass()
+        _sass(SETS[args.set])
         return 0
     import msa_codegen as msa
     from msa_codegen.ops import _ensure_allocator
@@ -205,6 +261,8 @@ def main(argv=None):
     peak = 2 * 8192 ** 3 / bench(lambda: a @ a) * 1e-9
     print(f"torch.mm bf16 8192^3: {peak:.0f} TFLOP/s (the matmul rate of this process)", flush=True)
     pattern = f"window={w}"
+    fwd_ms = bench(lambda: msa.attention(q, k, v, pattern))
+    print(f"ours forward {pattern}: {fwd_ms:.3f} ms", flush=True)
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse = msa.attention(qq, kk, vv, pattern, return_lse=True)
     ours = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
@@ -227,39 +285,47 @@ def main(argv=None):
     scale = d ** -0.5 * 1.4426950408889634
     print(f"{'variant':34s} {'ms':>8s} {'prod TF/s':>9s} {'of mm':>6s}", flush=True)
     best = {}
-    for kind, kern, shapes, products in (("dkdv", _dkdv, DKDV_SHAPES, 4), ("dq", _dq, DQ_SHAPES, 3)):
-        for bm, bn, warps, stages in shapes:
-            flops = products * 2 * bm * bn * d * h * _blocks(kind, n, w, bm, bn)
-            for mode, soft, rs in MODES[kind]:
-                label = f"{kind} {mode} ({bm}, {bn}, {warps}, {stages})"
-                try:
-                    if kind == "dkdv":
-                        dk, dv = torch.empty_like(k), torch.empty_like(v)
-                        run = lambda: kern[(n // bn, h)](q, k, v, do, lse2, delta, dk, dv, n, h, scale, WINDOW=w,
-                                                         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs,
-                                                         num_warps=warps, num_stages=stages)
-                        outs = (dk, dv)
-                    else:
-                        dq = torch.empty_like(q)
-                        run = lambda: kern[(n // bm, h)](q, k, v, do, lse2, delta, dq, n, h, scale, WINDOW=w,
-                                                         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs,
-                                                         num_warps=warps, num_stages=stages)
-                        outs = (dq,)
-                    run()
-                    torch.cuda.synchronize()
-                    if not all(torch.isfinite(t).all().item() for t in outs):
-                        raise RuntimeError("non-finite output")
-                    ms = bench(run)
-                    rate = flops / ms * 1e-9
-                    print(f"{label:34s} {ms:8.3f} {rate:9.0f} {rate / peak:6.1%}", flush=True)
-                    key = (kind, mode)
-                    if key not in best or ms < best[key][0]:
-                        best[key] = (ms, label)
-                except Exception as e:   # reported, never dropped
-                    print(f"{label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
-                          flush=True)
-                    if "CUDA error" in str(e):
-                        raise
+    for kind, mode, soft, rs, ws, (bm, bn, warps, stages) in SETS[args.set]:
+        kern = {"dkdv": _dkdv, "dq": _dq, "fwd": _fwd}[kind]
+        products = {"dkdv": 4, "dq": 3, "fwd": 2}[kind]
+        flops = products * 2 * bm * bn * d * h * _blocks("dkdv" if kind == "dkdv" else "dq", n, w, bm, bn)
+        label = f"{kind} {mode} ({bm}, {bn}, {warps}, {stages})"
+        try:
+            outs = tuple(torch.empty_like(q) for _ in range(2 if kind == "dkdv" else 1))
+            grid = (n // bn, h) if kind == "dkdv" else (n // bm, h)
+
+            def run(ws=ws, outs=outs):
+                if kind == "fwd":
+                    kern[grid](q, k, v, *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, WS=ws,
+                               STAGES=stages, num_warps=warps, num_stages=stages)
+                else:
+                    kern[grid](q, k, v, do, lse2, delta, *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm,
+                               BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws, STAGES=stages, num_warps=warps,
+                               num_stages=stages)
+            run()
+            torch.cuda.synchronize()
+            if not all(torch.isfinite(t).all().item() for t in outs):
+                raise RuntimeError("non-finite output")
+            check = ""
+            if ws:
+                # the same kernel without warp specialisation computes the same sums
+                ref = tuple(torch.empty_like(t) for t in outs)
+                run(ws=False, outs=ref)
+                err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(outs, ref))
+                if not err < 1e-2:
+                    raise RuntimeError(f"differs from the kernel without WS: {err:.2e}")
+                check = f"  (vs no WS {err:.1e})"
+            ms = bench(run)
+            rate = flops / ms * 1e-9
+            print(f"{label:34s} {ms:8.3f} {rate:9.0f} {rate / peak:6.1%}{check}", flush=True)
+            key = (kind, mode.replace(" WS", "").replace(" RS", ""))
+            if key not in best or ms < best[key][0]:
+                best[key] = (ms, label)
+        except Exception as e:   # reported, never dropped
+            print(f"{label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                  flush=True)
+            if "CUDA error" in str(e):
+                raise
     print("\nbest of each (dk/dv + dq is the floor of the two-kernel design in this Triton):", flush=True)
     for key, (ms, label) in sorted(best.items()):
         print(f"  {label:34s} {ms:8.3f} ms", flush=True)

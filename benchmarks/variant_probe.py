@@ -43,6 +43,12 @@ VARIANTS = [
     # over the whole band with the mask under a run-time branch pays one
     ("fwd: one W loop, mask under a branch", "fwd", ["merge_fwd"]),
     ("bwd: dq one W loop, mask under a branch", "bwd", ["merge_dq"]),
+    # run 20: in Triton 3.6 ``warp_specialize=True`` takes effect with 4 warps (a producer and two
+    # consumer warpgroups splitting a 128-row tile); run it with such configs (ceiling_probe.py)
+    ("fwd: warp-specialised loops", "fwd", [("    for blk in range(blk_lo, blk_hi):\n",
+                                            "    for blk in tl.range(blk_lo, blk_hi, warp_specialize=True):\n")]),
+    ("bwd: warp-specialised loops", "bwd", [("    for blk in range(blk_lo, blk_hi):\n",
+                                            "    for blk in tl.range(blk_lo, blk_hi, warp_specialize=True):\n")]),
     # run 19a's "dk/dv one W loop" landed in 4f0de6f (bwd.py.jinja, SPLIT) for DIL 1; its edit
     # would now find nothing to merge
     # run 15's lead "causal band predicate" (no abs, no j < N) became run 16's PART tests in the
