@@ -42,7 +42,7 @@ def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
-          WS: tl.constexpr = False, STAGES: tl.constexpr = 2):
+          WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b0 = pid_n * BLOCK_N
@@ -73,13 +73,22 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
             pt = tl.math.exp2(st * qk_scale - lse2[None, :])
         else:
             pt = st
-        dv = tl.dot(pt.to(do.dtype), do, dv)
+        if DUP:
+            # a second load of the tile for its second product: each shared-memory buffer then
+            # feeds one wgmma (run 20b found the WS loop wrong when one feeds two); program_id(2), zero
+            # at run time, keeps the compiler from merging the two loads
+            dv = tl.dot(pt.to(do.dtype), dod.load([row0 + start + tl.program_id(2), 0]), dv)
+        else:
+            dv = tl.dot(pt.to(do.dtype), do, dv)
         dpt = tl.dot(v, tl.trans(do))
         if SOFTMAX:
             dst = (pt * (dpt - delta[None, :])).to(q.dtype)
         else:
             dst = dpt.to(q.dtype)
-        dk = tl.dot(dst, q, dk)
+        if DUP:
+            dk = tl.dot(dst, qd.load([row0 + start + tl.program_id(2), 0]), dk)
+        else:
+            dk = tl.dot(dst, q, dk)
     rows = (row0 + b0 + offs_n).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + rows, dk.to(DK.dtype.element_ty))
     tl.store(DV + rows, dv.to(DV.dtype.element_ty))
@@ -88,7 +97,7 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
 @triton.jit
 def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
-        WS: tl.constexpr = False, STAGES: tl.constexpr = 2):
+        WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i0 = pid_m * BLOCK_M
@@ -119,7 +128,10 @@ def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEA
             ds = (p * (dp - delta[:, None])).to(k.dtype)
         else:
             ds = (dp - s).to(k.dtype)
-        dq = tl.dot(ds, k, dq)
+        if DUP:
+            dq = tl.dot(ds, kd.load([row0 + start + tl.program_id(2), 0]), dq)
+        else:
+            dq = tl.dot(ds, k, dq)
     rows = (row0 + i0 + offs_m).to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DQ + rows, dq.to(DQ.dtype.element_ty))
 
@@ -156,31 +168,44 @@ def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constex
     tl.store(O + rows, (acc / l_i[:, None]).to(O.dtype.element_ty))
 
 
-# (kind, mode, SOFTMAX, RS, WS, (block_m, block_n, warps, stages)); the generated defaults are dk/dv
-# (64, 64, 4, 2) and dq (128, 64, 8, 3) for D=128 (config.py)
+# (kind, mode, SOFTMAX, RS, WS, DUP, (block_m, block_n, warps, stages)); the generated defaults are
+# forward (128, 128, 8, 3), dk/dv (64, 64, 4, 2) and dq (128, 64, 8, 3) for D=128 (config.py)
 _MODES = {"dkdv": [("products", False, False), ("softmax", True, False), ("products RS", False, True),
                    ("softmax RS", True, True)],
           "dq": [("products", False, False), ("softmax", True, False)]}
-RUN20A = ([("dkdv", m, soft, rs, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
-                                                     (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
-                                                     (128, 64, 4, 2)] for m, soft, rs in _MODES["dkdv"]]
-          + [("dq", m, soft, rs, False, c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-                                                   (64, 64, 4, 3), (64, 128, 4, 2)] for m, soft, rs in _MODES["dq"]])
+RUN20A = ([("dkdv", m, soft, rs, False, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
+                                                            (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
+                                                            (128, 64, 4, 2)] for m, soft, rs in _MODES["dkdv"]]
+          + [("dq", m, soft, rs, False, False, c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
+                                                          (64, 64, 4, 3), (64, 128, 4, 2)] for m, soft, rs in _MODES["dq"]])
 # Run 20b: ``tl.range(..., warp_specialize=True)``. In Triton 3.6 it takes effect with 4 warps only
 # (8 warps compile without partitions): a producer partition issues the TMA loads and two
 # consumer warpgroups of 4 warps (232 registers each) split the tile's rows, 64 each, so the
 # tile is 128 rows: the key tile of dk/dv (block_n 128), the query tile of dq (block_m 128).
 # Each WS variant is checked against the same kernel without WS.
-WS_SHAPES = {"dkdv": [(64, 128, 4, 2), (64, 128, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3)],
-             "dq": [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)]}
-RUN20B = ([("dkdv", "products", False, False, False, (64, 64, 4, 2)), ("dkdv", "softmax", True, False, False, (64, 64, 4, 2)),
-           ("dq", "products", False, False, False, (128, 64, 8, 3)), ("dq", "softmax", True, False, False, (128, 64, 8, 3))]
-          + [(kind, m + " WS", soft, False, True, c) for kind in ("dkdv", "dq") for c in WS_SHAPES[kind]
-             for m, soft in (("products", False), ("softmax", True))])
-# the forward (ours: (128, 128, 8, 3)); (128, 128, 4, 3) with WS needs 240 KiB of shared memory
-RUN20B += [("fwd", "softmax", True, False, False, (128, 128, 8, 3))] + [
-    ("fwd", "softmax WS", True, False, True, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3), (128, 64, 4, 4)]]
-SETS = {"20a": RUN20A, "20b": RUN20B}
+_BASE = [("dkdv", "products", False, False, False, False, (64, 64, 4, 2)),
+         ("dkdv", "softmax", True, False, False, False, (64, 64, 4, 2)),
+         ("dq", "products", False, False, False, False, (128, 64, 8, 3)),
+         ("dq", "softmax", True, False, False, False, (128, 64, 8, 3)),
+         ("fwd", "softmax", True, False, False, False, (128, 128, 8, 3))]
+RUN20B = (_BASE[:4] + [(kind, m + " WS", soft, False, True, False, c) for kind, shapes in (
+    ("dkdv", [(64, 128, 4, 2), (64, 128, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3)]),
+    ("dq", [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)])) for c in shapes
+    for m, soft in (("products", False), ("softmax", True))]
+    # the forward; (128, 128, 4, 3) with WS needs 240 KiB of shared memory
+    + _BASE[4:] + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3),
+                                                                             (128, 64, 4, 4)]])
+# Run 20c: 20b's dk/dv WS loop was wrong (products) or faulted (softmax). Hypothesis: a
+# shared-memory buffer that feeds two wgmmas (Q: S^T and dK; dO: dP^T and dV; K in dq: S and
+# dQ) is released to the producer after the first. DUP loads such a tile a second time, so that
+# every buffer feeds one product.
+RUN20C = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
+          + [("dq", m, soft, False, True, dup, c) for c in [(128, 64, 4, 2), (128, 64, 4, 3)]
+             for dup in (False, True) for m, soft in (("products WS" + (" DUP" if dup else ""), False),
+                                                      ("softmax WS" + (" DUP" if dup else ""), True))]
+          + [("dkdv", m, soft, False, True, True, c) for c in [(64, 128, 4, 2), (32, 128, 4, 2), (32, 128, 4, 3)]
+             for m, soft in (("products WS DUP", False), ("softmax WS DUP", True))])
+SETS = {"20a": RUN20A, "20b": RUN20B, "20c": RUN20C}
 
 
 def _blocks(kind, n, w, bm, bn):
@@ -209,11 +234,11 @@ def _sass(variants):
     from sass_report import report
 
     print(f"Triton {triton.__version__}, sm_90", flush=True)
-    for kind, mode, soft, rs, ws, (bm, bn, warps, stages) in variants:
+    for kind, mode, soft, rs, ws, dup, (bm, bn, warps, stages) in variants:
                 kern = {"dkdv": _dkdv, "dq": _dq, "fwd": _fwd}[kind]
                 sig, consts = {}, {}
                 values = dict(WINDOW=4096, HEAD_DIM=128, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws,
-                              STAGES=stages)
+                              STAGES=stages, DUP=dup)
                 for idx, name in enumerate(kern.arg_names):
                     if kern.params[idx].is_constexpr:
                         sig[name] = "constexpr"
@@ -243,6 +268,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--rep", type=int, default=150, help="do_bench's rep (ms) per figure")
+    ap.add_argument("--kinds", help="only these kernels (fwd,dkdv,dq); a faulting variant ends its process")
+    ap.add_argument("--no-ours", action="store_true", help="skip timing our kernels")
     ap.add_argument("--set", choices=sorted(SETS), default="20b", help="which variants (run 20a's or 20b's)")
     ap.add_argument("--sass", action="store_true", help="no GPU: compile each variant for sm_90 and report it")
     args = ap.parse_args(argv)
@@ -261,31 +288,35 @@ def main(argv=None):
     peak = 2 * 8192 ** 3 / bench(lambda: a @ a) * 1e-9
     print(f"torch.mm bf16 8192^3: {peak:.0f} TFLOP/s (the matmul rate of this process)", flush=True)
     pattern = f"window={w}"
-    fwd_ms = bench(lambda: msa.attention(q, k, v, pattern))
-    print(f"ours forward {pattern}: {fwd_ms:.3f} ms", flush=True)
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse = msa.attention(qq, kk, vv, pattern, return_lse=True)
-    ours = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
-    pairs = h * (w * n - w * (w - 1) // 2)
-    print(f"ours backward {pattern}, H={h}, N={n}: {ours:.3f} ms ({2.5 * 4 * d * pairs / ours * 1e-9:.0f} TFLOP/s "
-          f"effective, 2.5 x 4 D pairs)", flush=True)
-    # our backward's kernels, one by one (torch.profiler, 10 iterations)
-    from torch.profiler import ProfilerActivity, profile
+    ours = None
+    if not args.no_ours:
+        fwd_ms = bench(lambda: msa.attention(q, k, v, pattern))
+        print(f"ours forward {pattern}: {fwd_ms:.3f} ms", flush=True)
+        ours = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+        pairs = h * (w * n - w * (w - 1) // 2)
+        print(f"ours backward {pattern}, H={h}, N={n}: {ours:.3f} ms ({2.5 * 4 * d * pairs / ours * 1e-9:.0f} TFLOP/s "
+              f"effective, 2.5 x 4 D pairs)", flush=True)
+        # our backward's kernels, one by one (torch.profiler, 10 iterations)
+        from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
-        torch.cuda.synchronize()
-    for e in sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total", 0)):
-        t = getattr(e, "device_time_total", 0) / 10 / 1000.0
-        if t > 0.05 and e.device_type == torch.autograd.DeviceType.CUDA:
-            print(f"  ours, kernel {e.key[:60]}: {t:.3f} ms a backward", flush=True)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
+            torch.cuda.synchronize()
+        for e in sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total", 0)):
+            t = getattr(e, "device_time_total", 0) / 10 / 1000.0
+            if t > 0.05 and e.device_type == torch.autograd.DeviceType.CUDA:
+                print(f"  ours, kernel {e.key[:60]}: {t:.3f} ms a backward", flush=True)
     lse2 = (lse.detach().float() * 1.4426950408889634).contiguous()
     delta = (out.detach().float() * do.float()).sum(-1).contiguous()
     scale = d ** -0.5 * 1.4426950408889634
     print(f"{'variant':34s} {'ms':>8s} {'prod TF/s':>9s} {'of mm':>6s}", flush=True)
     best = {}
-    for kind, mode, soft, rs, ws, (bm, bn, warps, stages) in SETS[args.set]:
+    for kind, mode, soft, rs, ws, dup, (bm, bn, warps, stages) in SETS[args.set]:
+        if args.kinds and kind not in args.kinds.split(","):
+            continue
         kern = {"dkdv": _dkdv, "dq": _dq, "fwd": _fwd}[kind]
         products = {"dkdv": 4, "dq": 3, "fwd": 2}[kind]
         flops = products * 2 * bm * bn * d * h * _blocks("dkdv" if kind == "dkdv" else "dq", n, w, bm, bn)
@@ -300,8 +331,8 @@ def main(argv=None):
                                STAGES=stages, num_warps=warps, num_stages=stages)
                 else:
                     kern[grid](q, k, v, do, lse2, delta, *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm,
-                               BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws, STAGES=stages, num_warps=warps,
-                               num_stages=stages)
+                               BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws, STAGES=stages, DUP=dup and ws,
+                               num_warps=warps, num_stages=stages)
             run()
             torch.cuda.synchronize()
             if not all(torch.isfinite(t).all().item() for t in outs):
@@ -332,7 +363,7 @@ def main(argv=None):
     for mode in ("products", "softmax"):
         if ("dkdv", mode) in best and ("dq", mode) in best:
             total = best[("dkdv", mode)][0] + best[("dq", mode)][0]
-            print(f"  {mode}: dk/dv + dq = {total:.3f} ms against ours {ours:.3f}", flush=True)
+            print(f"  {mode}: dk/dv + dq = {total:.3f} ms" + (f" against ours {ours:.3f}" if ours else ""), flush=True)
     return 0
 
 
