@@ -35,24 +35,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    return tl.make_tensor_descriptor(T, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK, HEAD_DIM])
+def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HOST: tl.constexpr = False):
+    # HOST: T is already a descriptor, built on the host (triton.tools.tensor_descriptor)
+    if HOST:
+        return T
+    else:
+        return tl.make_tensor_descriptor(T, shape=[rows, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                         block_shape=[BLOCK, HEAD_DIM])
 
 
 @triton.jit
 def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
-          WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False):
+          WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False,
+          HOST: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b0 = pid_n * BLOCK_N
     row0 = pid_bh * N
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    qd = _rows(Q, BH * N, HEAD_DIM, BLOCK_M)
-    dod = _rows(DO, BH * N, HEAD_DIM, BLOCK_M)
-    k = _rows(K, BH * N, HEAD_DIM, BLOCK_N).load([row0 + b0, 0])
-    v = _rows(V, BH * N, HEAD_DIM, BLOCK_N).load([row0 + b0, 0])
+    qd = _rows(Q, BH * N, HEAD_DIM, BLOCK_M, HOST)
+    dod = _rows(DO, BH * N, HEAD_DIM, BLOCK_M, HOST)
+    k = _rows(K, BH * N, HEAD_DIM, BLOCK_N, HOST).load([row0 + b0, 0])
+    v = _rows(V, BH * N, HEAD_DIM, BLOCK_N, HOST).load([row0 + b0, 0])
     if RS:
         own = (b0 + offs_n < N)[:, None]
         k = tl.where(own, k, 0.0)
@@ -97,17 +103,18 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
 @triton.jit
 def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
-        WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False):
+        WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False,
+          HOST: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i0 = pid_m * BLOCK_M
     row0 = pid_bh * N
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
-    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
-    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
-    do = _rows(DO, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
+    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N, HOST)
+    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N, HOST)
+    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
+    do = _rows(DO, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
     if WS:
         # pointer loads here fail Triton 3.6's warp-specialisation pass; descriptors compile
         lse2 = tl.make_tensor_descriptor(LSE2 + row0, shape=[N], strides=[1], block_shape=[BLOCK_M]).load([i0])
@@ -138,7 +145,7 @@ def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEA
 
 @triton.jit
 def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-         BLOCK_N: tl.constexpr, WS: tl.constexpr = False, STAGES: tl.constexpr = 3):
+         BLOCK_N: tl.constexpr, WS: tl.constexpr = False, STAGES: tl.constexpr = 3, HOST: tl.constexpr = False):
     # the forward's band without edge masks: online softmax over the key blocks of a query tile
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -146,9 +153,9 @@ def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constex
     row0 = pid_bh * N
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N)
-    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N)
-    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M).load([row0 + i0, 0])
+    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N, HOST)
+    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N, HOST)
+    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -205,7 +212,21 @@ RUN20C = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [
                                                       ("softmax WS" + (" DUP" if dup else ""), True))]
           + [("dkdv", m, soft, False, True, True, c) for c in [(64, 128, 4, 2), (32, 128, 4, 2), (32, 128, 4, 3)]
              for m, soft in (("products WS DUP", False), ("softmax WS DUP", True))])
-SETS = {"20a": RUN20A, "20b": RUN20B, "20c": RUN20C}
+# Run 20d: every WS variant of 20c was wrong or faulted, the forward included (each of its
+# buffers feeds one product), which refutes 20c's hypothesis. The loops follow Triton's own
+# attention tutorial except that the descriptors are built in the kernel
+# (tl.make_tensor_descriptor, written to global scratch): " HOST" in a mode name passes
+# descriptors built on the host instead (triton.tools.tensor_descriptor).
+RUN20D = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
+           ("fwd", "softmax HOST", True, False, False, False, (128, 128, 8, 3))]
+          + [("fwd", "softmax WS HOST", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
+          + [("dq", m, soft, False, ws, False, (128, 64, 4, 2)) for ws in (False, True)
+             for m, soft in (("products HOST" + (" WS" if ws else ""), False),
+                             ("softmax HOST" + (" WS" if ws else ""), True))]
+          + [("dkdv", m, soft, False, ws, False, (64, 128, 4, 2)) for ws in (False, True)
+             for m, soft in (("products HOST" + (" WS" if ws else ""), False),
+                             ("softmax HOST" + (" WS" if ws else ""), True))])
+SETS = {"20a": RUN20A, "20b": RUN20B, "20c": RUN20C, "20d": RUN20D}
 
 
 def _blocks(kind, n, w, bm, bn):
@@ -325,13 +346,23 @@ def main(argv=None):
             outs = tuple(torch.empty_like(q) for _ in range(2 if kind == "dkdv" else 1))
             grid = (n // bn, h) if kind == "dkdv" else (n // bm, h)
 
+            host = " HOST" in mode
+            if host:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                rows = lambda t, blk: TensorDescriptor.from_tensor(t.view(-1, d), [blk, d])
+                # block shapes as the kernels load them: Q and dO by BLOCK_M rows, K and V by BLOCK_N
+                ins = (rows(q, bm), rows(k, bn), rows(v, bn), rows(do, bm))
+            else:
+                ins = (q, k, v, do)
+
             def run(ws=ws, outs=outs):
                 if kind == "fwd":
-                    kern[grid](q, k, v, *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, WS=ws,
-                               STAGES=stages, num_warps=warps, num_stages=stages)
+                    kern[grid](*ins[:3], *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, WS=ws,
+                               STAGES=stages, HOST=host, num_warps=warps, num_stages=stages)
                 else:
-                    kern[grid](q, k, v, do, lse2, delta, *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm,
-                               BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws, STAGES=stages, DUP=dup and ws,
+                    kern[grid](*ins, lse2, delta, *outs, n, h, scale, WINDOW=w, HEAD_DIM=d, BLOCK_M=bm,
+                               BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws, STAGES=stages, DUP=dup and ws, HOST=host,
                                num_warps=warps, num_stages=stages)
             run()
             torch.cuda.synchronize()
