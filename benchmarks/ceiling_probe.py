@@ -1,7 +1,8 @@
-"""Probe (issue 4, run 20): how fast can Triton run the backward's loop structure at all?
+"""Probe (issue 4, run 20): how fast can Triton run the attention loops' structure at all?
 
-    PYTHONPATH=$PWD python3 benchmarks/ceiling_probe.py [--n 131072] [--heads 16] [--window 4096] [--rep 150]
-    PYTHONPATH=/tmp/t36:$PWD python benchmarks/ceiling_probe.py --sass     # no GPU: sm_90 SASS of each variant
+    PYTHONPATH=$PWD python3 benchmarks/ceiling_probe.py [--set 20a] [--kinds fwd,dkdv,dq] [--no-ours]
+        [--n 131072] [--heads 16] [--window 4096] [--rep 150]
+    PYTHONPATH=/tmp/t36:$PWD python benchmarks/ceiling_probe.py --sass [--set 20a]   # no GPU: sm_90 SASS
 
 The backward of the two-kernel deterministic design does 7 products a block pair: the dk/dv
 kernel QK^T, dO V^T, P^T dO and dS^T Q (one key tile a program, its K and V resident), the dq
@@ -17,12 +18,18 @@ tiles through pipelined descriptor loads, and vary what happens between the prod
 - ``RS`` (dk/dv only): K and V moved into registers before the loop (a select on the tile's row
   bound, which the compiler cannot fold), so that S^T and dP^T read their A operand from
   registers instead of shared memory (at 64 x 64 both operands from shared memory need about
-  128 bytes a cycle, the shared-memory bandwidth of an SM).
+  128 bytes a cycle, the shared-memory bandwidth of an SM);
+- ``WS``: the loop as ``tl.range(..., warp_specialize=True)`` (sets 20b-20d, with ``DUP`` and
+  ``HOST`` variants; the forward too, ``_fwd``), each checked against the same kernel without it.
 
-The outputs are not attention gradients (no masks; ``products`` has no softmax): each variant
-is checked only for being finite, and timed. Every figure is printed as ms and as the rate of
-the products it executes (7 or 3 or 4 products of 2 * BLOCK_M * BLOCK_N * D per block) against
-the bf16 matmul rate measured in the same process (torch.mm, 8192^3). Not part of the package.
+Sets: ``20a`` (the default) the ceilings; ``20b``, ``20c``, ``20d`` the warp-specialised
+variants. On the GPU image's Triton 3.6 every WS variant computed wrong sums, faulted or hung
+(benchmarks/NOTES.md, run 20): run those sets one kernel per process (``--kinds``), under a
+timeout, to check another Triton. The outputs are not attention gradients (no masks;
+``products`` has no softmax): each non-WS variant is checked only for being finite, and timed.
+Every figure is printed as ms and as the rate of the products it executes (2, 4 or 3 products of
+2 * BLOCK_M * BLOCK_N * D per block) against the bf16 matmul rate measured in the same process
+(torch.mm, 8192^3). Not part of the package.
 """
 from __future__ import annotations
 
@@ -256,6 +263,9 @@ def _sass(variants):
 
     print(f"Triton {triton.__version__}, sm_90", flush=True)
     for kind, mode, soft, rs, ws, dup, (bm, bn, warps, stages) in variants:
+                if " HOST" in mode:
+                    print(f"{kind} {mode} ({bm}, {bn}, {warps}, {stages}): skipped (host descriptors: GPU runs only)")
+                    continue
                 kern = {"dkdv": _dkdv, "dq": _dq, "fwd": _fwd}[kind]
                 sig, consts = {}, {}
                 values = dict(WINDOW=4096, HEAD_DIM=128, BLOCK_M=bm, BLOCK_N=bn, SOFTMAX=soft, RS=rs, WS=ws,
@@ -291,7 +301,7 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=150, help="do_bench's rep (ms) per figure")
     ap.add_argument("--kinds", help="only these kernels (fwd,dkdv,dq); a faulting variant ends its process")
     ap.add_argument("--no-ours", action="store_true", help="skip timing our kernels")
-    ap.add_argument("--set", choices=sorted(SETS), default="20b", help="which variants (run 20a's or 20b's)")
+    ap.add_argument("--set", choices=sorted(SETS), default="20a", help="which variants (those of run 20a, 20b, 20c or 20d)")
     ap.add_argument("--sass", action="store_true", help="no GPU: compile each variant for sm_90 and report it")
     args = ap.parse_args(argv)
     if args.sass:
@@ -380,7 +390,7 @@ def main(argv=None):
             ms = bench(run)
             rate = flops / ms * 1e-9
             print(f"{label:34s} {ms:8.3f} {rate:9.0f} {rate / peak:6.1%}{check}", flush=True)
-            key = (kind, mode.replace(" WS", "").replace(" RS", ""))
+            key = (kind, mode.split()[0])
             if key not in best or ms < best[key][0]:
                 best[key] = (ms, label)
         except Exception as e:   # reported, never dropped
