@@ -52,6 +52,24 @@ def _rows(T, rows, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HOST: tl.constex
 
 
 @triton.jit
+def _query_tile(Q, K, V, N, BH, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HOST: tl.constexpr):
+    # the set-up of a query-tile program (dq, forward): its rows, the K/V descriptors, its Q tile
+    i0 = tl.program_id(0) * BLOCK_M
+    row0 = tl.program_id(1) * N
+    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N, HOST)
+    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N, HOST)
+    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
+    return i0, row0, kd, vd, q
+
+
+@triton.jit
+def _query_band(i0, N, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the key blocks of a query tile's band (the host twin is _blocks)
+    return (tl.maximum(i0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N, tl.minimum(i0 + BLOCK_M, N)
+
+
+@triton.jit
 def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
           WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False,
@@ -111,16 +129,10 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
 def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTMAX: tl.constexpr, RS: tl.constexpr,
         WS: tl.constexpr = False, STAGES: tl.constexpr = 2, DUP: tl.constexpr = False,
-          HOST: tl.constexpr = False):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i0 = pid_m * BLOCK_M
-    row0 = pid_bh * N
+        HOST: tl.constexpr = False):
+    i0, row0, kd, vd, q = _query_tile(Q, K, V, N, BH, HEAD_DIM, BLOCK_M, BLOCK_N, HOST)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N, HOST)
-    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N, HOST)
-    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
     do = _rows(DO, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
     if WS:
         # pointer loads here fail Triton 3.6's warp-specialisation pass; descriptors compile
@@ -130,8 +142,7 @@ def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEA
         lse2 = tl.load(LSE2 + row0 + i0 + offs_m)
         delta = tl.load(DELTA + row0 + i0 + offs_m)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    lo = (tl.maximum(i0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(i0 + BLOCK_M, N)
+    lo, hi = _query_band(i0, N, WINDOW, BLOCK_M, BLOCK_N)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
         k = kd.load([row0 + start, 0])
         v = vd.load([row0 + start, 0])
@@ -154,20 +165,13 @@ def _dq(Q, K, V, DO, LSE2, DELTA, DQ, N, BH, qk_scale, WINDOW: tl.constexpr, HEA
 def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, WS: tl.constexpr = False, STAGES: tl.constexpr = 3, HOST: tl.constexpr = False):
     # the forward's band without edge masks: online softmax over the key blocks of a query tile
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    i0 = pid_m * BLOCK_M
-    row0 = pid_bh * N
+    i0, row0, kd, vd, q = _query_tile(Q, K, V, N, BH, HEAD_DIM, BLOCK_M, BLOCK_N, HOST)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    kd = _rows(K, BH * N, HEAD_DIM, BLOCK_N, HOST)
-    vd = _rows(V, BH * N, HEAD_DIM, BLOCK_N, HOST)
-    q = _rows(Q, BH * N, HEAD_DIM, BLOCK_M, HOST).load([row0 + i0, 0])
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    lo = (tl.maximum(i0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(i0 + BLOCK_M, N)
+    lo, hi = _query_band(i0, N, WINDOW, BLOCK_M, BLOCK_N)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
         k = kd.load([row0 + start, 0])
         v = vd.load([row0 + start, 0])
@@ -330,16 +334,20 @@ def main(argv=None):
         print(f"ours backward {pattern}, H={h}, N={n}: {ours:.3f} ms ({2.5 * 4 * d * pairs / ours * 1e-9:.0f} TFLOP/s "
               f"effective, 2.5 x 4 D pairs)", flush=True)
         # our backward's kernels, one by one (torch.profiler, 10 iterations)
+        from pathlib import Path
+
         from torch.profiler import ProfilerActivity, profile
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from profile_case import _kernels
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
                 torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
             torch.cuda.synchronize()
-        for e in sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total", 0)):
-            t = getattr(e, "device_time_total", 0) / 10 / 1000.0
-            if t > 0.05 and e.device_type == torch.autograd.DeviceType.CUDA:
-                print(f"  ours, kernel {e.key[:60]}: {t:.3f} ms a backward", flush=True)
+        for t, _, name in _kernels(prof, 10):
+            if t > 0.05:
+                print(f"  ours, kernel {name[:60]}: {t:.3f} ms a backward", flush=True)
     lse2 = (lse.detach().float() * 1.4426950408889634).contiguous()
     delta = (out.detach().float() * do.float()).sum(-1).contiguous()
     scale = d ** -0.5 * 1.4426950408889634
