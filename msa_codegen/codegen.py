@@ -131,12 +131,54 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.lru_cache(maxsize=1)
+def interpreter_compat() -> bool:
+    """Make Triton's interpreter evaluate the generated kernels the way its compiler does.
+
+    Triton 3.8's interpreter (checked 2026-12-01 with 3.8.0; fixed in 3.9.0): a module-level
+    ``tl.constexpr`` on the left of an arithmetic operator with a tensor on the right,
+    ``PREFIX - r``, gives a constexpr that wraps the tensor, and builtins such as ``tl.maximum``
+    reject it ("cannot convert [64] of type tensor to tensor"); 3.9's builtins unwrap it. The
+    compiler never builds such a value. Here those operators return the tensor itself, as 3.9's
+    builtins see it. Applied once, only while interpreting and only on Triton before 3.9; True
+    when it was applied.
+    """
+    import triton
+    import triton.language as tl
+
+    if not interpreting() or _version(triton.__version__) >= (3, 9):
+        return False
+
+    def unwrapping(op):
+        def run(self, *args):
+            out = op(self, *args)
+            return out.value if isinstance(out.value, tl.tensor) else out
+        return run
+
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "and", "or", "xor", "lshift", "rshift"):
+        for dunder in (f"__{name}__", f"__r{name}__"):
+            op = getattr(tl.constexpr, dunder, None)
+            if op is not None:
+                setattr(tl.constexpr, dunder, unwrapping(op))
+    return True
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as '3.8.0' or '3.6.0+git1234'."""
+    parts = []
+    for p in text.split(".")[:2]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def load(plan: KernelPlan, direction: str):
     """The loaded module of one direction of a plan (cached in memory)."""
     key = (plan, direction, interpreting())
     mod = _modules.get(key)
     if mod is not None:
         return mod
+    interpreter_compat()
     with _lock:
         mod = _modules.get(key)
         if mod is None:
