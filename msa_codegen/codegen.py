@@ -132,35 +132,54 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def interpreter_compat() -> bool:
-    """Make Triton's interpreter evaluate the generated kernels the way its compiler does.
+def interpreter_compat() -> tuple[str, ...]:
+    """Make older Tritons' interpreters evaluate the generated kernels as their compilers do.
 
-    Triton 3.8's interpreter (checked 2026-12-01 with 3.8.0; fixed in 3.9.0): a module-level
-    ``tl.constexpr`` on the left of an arithmetic operator with a tensor on the right,
-    ``PREFIX - r``, gives a constexpr that wraps the tensor, and builtins such as ``tl.maximum``
-    reject it ("cannot convert [64] of type tensor to tensor"); 3.9's builtins unwrap it. The
-    compiler never builds such a value. Here those operators return the tensor itself, as 3.9's
-    builtins see it. Applied once, only while interpreting and only on Triton before 3.9; True
-    when it was applied.
+    Two quirks of the interpreter, not of the compiler (checked 2026-12-01 with Triton 3.6.0,
+    3.8.0 and 3.9.0, NumPy 2.4):
+    - ``constexpr_tensor`` (before 3.9): a module-level ``tl.constexpr`` on the left of an
+      arithmetic operator with a tensor on the right, ``PREFIX - r``, gives a constexpr that
+      wraps the tensor, and builtins such as ``tl.maximum`` reject it ("cannot convert [64] of
+      type tensor to tensor"); 3.9's builtins unwrap it. Here those operators return the tensor.
+    - ``index_squeeze`` (before 3.7): ``range(lo, hi)`` over scalar tensors converts their
+      one-element arrays with ``int()``, which NumPy 2.4 refuses ("only 0-dimensional arrays can
+      be converted to Python scalars"); 3.7 squeezes the array first, and so does this.
+
+    Applied once per process, only while interpreting; returns the names of the fixes applied.
     """
     import triton
     import triton.language as tl
 
-    if not interpreting() or _version(triton.__version__) >= (3, 9):
-        return False
+    if not interpreting():
+        return ()
+    applied = []
+    version = _version(triton.__version__)
+    if version < (3, 9):
+        def unwrapping(op):
+            def run(self, *args):
+                out = op(self, *args)
+                return out.value if isinstance(out.value, tl.tensor) else out
+            return run
 
-    def unwrapping(op):
-        def run(self, *args):
-            out = op(self, *args)
-            return out.value if isinstance(out.value, tl.tensor) else out
-        return run
+        for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "and", "or", "xor", "lshift", "rshift"):
+            for dunder in (f"__{name}__", f"__r{name}__"):
+                op = getattr(tl.constexpr, dunder, None)
+                if op is not None:
+                    setattr(tl.constexpr, dunder, unwrapping(op))
+        applied.append("constexpr_tensor")
+    if version < (3, 7):
+        from triton.runtime import interpreter
 
-    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "and", "or", "xor", "lshift", "rshift"):
-        for dunder in (f"__{name}__", f"__r{name}__"):
-            op = getattr(tl.constexpr, dunder, None)
-            if op is not None:
-                setattr(tl.constexpr, dunder, unwrapping(op))
-    return True
+        patch_tensor = interpreter._patch_lang_tensor
+
+        def patch_tensor_squeezing(tensor, scope):
+            # the interpreter patches tl.tensor anew for every launch, and restores it after
+            patch_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+        interpreter._patch_lang_tensor = patch_tensor_squeezing
+        applied.append("index_squeeze")
+    return tuple(applied)
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -20,40 +20,92 @@ def _fail(msg: str) -> int:
     return 2
 
 
+#: where a demo that fails asks to be reported
+REPORT = "please report it, with every line above, on the msa-codegen issue tracker"
+
+
+def _versions() -> str:
+    import platform
+
+    import torch
+    import triton
+
+    from .. import __version__
+
+    return (f"msa-codegen {__version__}, torch {torch.__version__}, Triton {triton.__version__}, "
+            f"Python {platform.python_version()}")
+
+
 def cmd_demo(args) -> int:
+    """The README example: forward and backward of one pattern, checked against the float64
+    reference (output and every gradient). Prints the versions first, so that a failure names them."""
     import torch
 
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is loaded
+    print(_versions())
+    from ..spec import parse
+
+    pattern = parse(args.pattern)   # a bad pattern is the caller's error: main reports it in one line
+    try:
+        ok = _demo(pattern, args.seqlen, cuda)
+    except Exception as e:   # anything the kernels raise: one line, the versions above, where to report
+        print(f"msa-codegen: demo failed: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"msa-codegen: {REPORT}", file=sys.stderr)
+        if os.environ.get("MSA_CODEGEN_DEBUG"):
+            raise
+        return 1
+    if not ok:
+        print(f"msa-codegen: the demo's result does not match the reference: {REPORT}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _demo(pat, seqlen: int | None, cuda: bool) -> bool:
+    import torch
+
     import msa_codegen as msa
 
-    pattern = args.pattern
     if cuda:
-        dev, dtype, (hq, hkv, n, d) = "cuda", torch.bfloat16, (16, 4, args.seqlen or 131072, 128)
+        dev, dtype, (hq, hkv, n, d) = "cuda", torch.bfloat16, (16, 4, seqlen or 131072, 128)
+        print(f"GPU: {torch.cuda.get_device_name()}")
     else:
-        dev, dtype, (hq, hkv, n, d) = "cpu", torch.float32, (4, 1, args.seqlen or 512, 64)
-        print("no CUDA GPU: running the generated kernels in Triton's interpreter at a reduced size")
-    pat = msa.parse(pattern)
+        dev, dtype, (hq, hkv, n, d) = "cpu", torch.float32, (4, 1, seqlen or 512, 64)
+        print("no CUDA GPU: the generated kernels run in Triton's interpreter on the CPU, at a reduced size")
     print(f"pattern {str(pat)!r}: q (1, {hq}, {n}, {d}), k/v (1, {hkv}, {n}, {d}), {str(dtype)[6:]} on {dev}")
+
+    def run(q, k, v, what):
+        # forward and backward with a random output gradient; returns (out, that gradient)
+        grad = torch.randn(q.shape, device=dev, dtype=dtype)
+        t0 = time.perf_counter()
+        out = msa.attention(q, k, v, pat)
+        out.backward(grad)
+        if cuda:
+            torch.cuda.synchronize()
+        print(f"{what}: {time.perf_counter() - t0:.2f} s")
+        return out.detach(), grad
+
     q = torch.randn(1, hq, n, d, device=dev, dtype=dtype, requires_grad=True)
     k, v = (torch.randn(1, hkv, n, d, device=dev, dtype=dtype, requires_grad=True) for _ in range(2))
-    t0 = time.perf_counter()
-    out = msa.attention(q, k, v, pat)
-    out.float().sum().backward()
-    if cuda:
-        torch.cuda.synchronize()
-    print(f"forward + backward (first call, kernels compiled): {time.perf_counter() - t0:.2f} s")
-    # check the first rows against the dense float64 reference
+    out, grad = run(q, k, v, "forward + backward (first call, kernels compiled)")
+    # the check against the dense float64 reference, output and every gradient: the whole sequence
+    # in the interpreter; on a GPU its first m positions (a prefix of a sequence is a sequence too)
     m = min(n, 2048 if cuda else n)
-    qs, ks, vs = (t.detach()[:, :, :m] for t in (q, k, v))
-    ref = msa.reference_attention(qs, ks, vs, pat)
-    small = msa.attention(qs, ks, vs, pat)
-    err = ((small.double() - ref).norm() / ref.norm()).item()
-    print(f"relative error against the float64 reference (first {m} positions): {err:.2e}")
-    ok = err < (2e-2 if dtype == torch.bfloat16 else 1e-4)
-    print("OK" if ok else "MISMATCH")
-    return 0 if ok else 1
+    if m < n:
+        q, k, v = (t.detach()[:, :, :m].clone().requires_grad_() for t in (q, k, v))
+        out, grad = run(q, k, v, f"forward + backward of the first {m} positions")
+    r_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = msa.reference_attention(*r_in, pat)
+    ref.backward(grad.double())
+    errors = {name: ((a.double() - b).norm() / b.norm()).item()
+              for name, a, b in (("out", out, ref.detach()), ("dq", q.grad, r_in[0].grad),
+                                 ("dk", k.grad, r_in[1].grad), ("dv", v.grad, r_in[2].grad))}
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    print(f"relative error against the float64 reference ({m} positions): "
+          + ", ".join(f"{name} {e:.1e}" for name, e in errors.items()) + f" (tolerance {tol:.0e})")
+    ok = all(e < tol for e in errors.values())
+    print("OK: matches the float64 reference" if ok else "MISMATCH")
+    return ok
 
 
 def cmd_render(args) -> int:
