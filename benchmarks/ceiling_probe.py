@@ -19,8 +19,9 @@ tiles through pipelined descriptor loads, and vary what happens between the prod
   bound, which the compiler cannot fold), so that S^T and dP^T read their A operand from
   registers instead of shared memory (at 64 x 64 both operands from shared memory need about
   128 bytes a cycle, the shared-memory bandwidth of an SM);
-- ``WS``: the loop as ``tl.range(..., warp_specialize=True)`` (sets ``ws``, ``ws-dup``, ``ws-host``, with ``DUP`` and
-  ``HOST`` variants; the forward too, ``_fwd``), each checked against the same kernel without it.
+- ``WS``: the loop as ``tl.range(..., warp_specialize=True)`` (sets ``ws``, ``ws-dup``,
+  ``ws-host``, with ``DUP`` and ``HOST`` variants; the forward too, ``_fwd``), each checked
+  against the same kernel without it.
 
 Sets: ``floors`` (the default) the ceilings; ``ws``, ``ws-dup``, ``ws-host`` the warp-specialised
 variants. On the GPU image's Triton 3.6 every WS variant computed wrong sums, faulted or hung
@@ -106,8 +107,8 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
             pt = st
         if DUP:
             # a second load of the tile for its second product: each shared-memory buffer then
-            # feeds one wgmma (the ``ws`` set found the WS loop wrong when one feeds two); program_id(2), zero
-            # at run time, keeps the compiler from merging the two loads
+            # feeds one wgmma (the ``ws`` set found the WS loop wrong when one feeds two);
+            # program_id(2), zero at run time, keeps the compiler from merging the two loads
             dv = tl.dot(pt.to(do.dtype), dod.load([row0 + start + tl.program_id(2), 0]), dv)
         else:
             dv = tl.dot(pt.to(do.dtype), do, dv)
@@ -191,7 +192,7 @@ def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constex
 _MODES = {"dkdv": [("products", False, False), ("softmax", True, False), ("products RS", False, True),
                    ("softmax RS", True, True)],
           "dq": [("products", False, False), ("softmax", True, False)]}
-FLOORS = ([("dkdv", m, soft, rs, False, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
+SET_FLOORS = ([("dkdv", m, soft, rs, False, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
                                                             (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
                                                             (128, 64, 4, 2)] for m, soft, rs in _MODES["dkdv"]]
           + [("dq", m, soft, rs, False, False, c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
@@ -206,7 +207,7 @@ _BASE = [("dkdv", "products", False, False, False, False, (64, 64, 4, 2)),
          ("dq", "products", False, False, False, False, (128, 64, 8, 3)),
          ("dq", "softmax", True, False, False, False, (128, 64, 8, 3)),
          ("fwd", "softmax", True, False, False, False, (128, 128, 8, 3))]
-WS = (_BASE[:4] + [(kind, m + " WS", soft, False, True, False, c) for kind, shapes in (
+SET_WS = (_BASE[:4] + [(kind, m + " WS", soft, False, True, False, c) for kind, shapes in (
     ("dkdv", [(64, 128, 4, 2), (64, 128, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3)]),
     ("dq", [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)])) for c in shapes
     for m, soft in (("products", False), ("softmax", True))]
@@ -217,7 +218,7 @@ WS = (_BASE[:4] + [(kind, m + " WS", soft, False, True, False, c) for kind, shap
 # shared-memory buffer that feeds two wgmmas (Q: S^T and dK; dO: dP^T and dV; K in dq: S and
 # dQ) is released to the producer after the first. DUP loads such a tile a second time, so that
 # every buffer feeds one product.
-WS_DUP = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
+SET_WS_DUP = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
           + [("dq", m, soft, False, True, dup, c) for c in [(128, 64, 4, 2), (128, 64, 4, 3)]
              for dup in (False, True) for m, soft in (("products WS" + (" DUP" if dup else ""), False),
                                                       ("softmax WS" + (" DUP" if dup else ""), True))]
@@ -228,7 +229,7 @@ WS_DUP = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [
 # attention tutorial except that the descriptors are built in the kernel
 # (tl.make_tensor_descriptor, written to global scratch): " HOST" in a mode name passes
 # descriptors built on the host instead (triton.tools.tensor_descriptor).
-WS_HOST = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
+SET_WS_HOST = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
            ("fwd", "softmax HOST", True, False, False, False, (128, 128, 8, 3))]
           + [("fwd", "softmax WS HOST", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
           + [("dq", m, soft, False, ws, False, (128, 64, 4, 2)) for ws in (False, True)
@@ -237,7 +238,7 @@ WS_HOST = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
           + [("dkdv", m, soft, False, ws, False, (64, 128, 4, 2)) for ws in (False, True)
              for m, soft in (("products HOST" + (" WS" if ws else ""), False),
                              ("softmax HOST" + (" WS" if ws else ""), True))])
-SETS = {"floors": FLOORS, "ws": WS, "ws-dup": WS_DUP, "ws-host": WS_HOST}
+SETS = {"floors": SET_FLOORS, "ws": SET_WS, "ws-dup": SET_WS_DUP, "ws-host": SET_WS_HOST}
 
 
 def _blocks(kind, n, w, bm, bn):

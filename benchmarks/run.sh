@@ -15,7 +15,8 @@
 #   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
 #              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
 #   ws-check   does this Triton's warp specialisation work on those loops? (ceiling_probe.py's
-#              sets 20c/20d, one process per kernel under a 90 s timeout: they can fault or hang)
+#              sets ws-dup / ws-host, one process per kernel under a 90 s timeout: they can
+#              fault or hang)
 #   sweep      benchmarks/sweep.py: launch configurations of one case, forward and backward;
 #              ARGS e.g. --pattern window=4096 --heads 32 --head-dim 64 --fwd-only
 #
@@ -90,7 +91,7 @@ case "$suite" in
   ws-check)
     header | tee "$log"
     rc=0
-    for set in 20c 20d; do
+    for set in ws-dup ws-host; do
       for kind in fwd dq dkdv; do
         echo "==== set $set, $kind" | tee -a "$log"
         timeout 90 python3 benchmarks/ceiling_probe.py --set "$set" --kinds "$kind" --no-ours --rep 100 "$@" 2>&1 \
