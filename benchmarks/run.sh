@@ -8,7 +8,8 @@
 #              appends to benchmarks/results.csv. ARGS e.g. --cases w4096,w4096-d2
 #   dynamic    the run-time sparsity rows (python -m msa_codegen.bench_dynamic), same CSV
 #   gpu-tests  pytest -m gpu (WORKERS processes when pytest-xdist is there), then the tuner's
-#              timing-sensitive test alone, so that it does not share the GPU
+#              timing-sensitive test alone, so that it does not share the GPU; ARGS go to both
+#              pytest commands (a -k of your own replaces the split)
 #   tune       the shipped tuning grid (msa_codegen.tuner.grid), one shard per GPU, resumed from
 #              msa_codegen/data/tuning.db; rows exported to $OUT/tuning.db (copy it into
 #              msa_codegen/data/ to ship it). BUDGET / HARD: seconds to stop starting entries / kill
