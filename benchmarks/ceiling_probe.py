@@ -1,8 +1,8 @@
-"""Probe (issue 4, run 20): how fast can Triton run the attention loops' structure at all?
+"""Probe: how fast can Triton run the attention loops' structure at all?
 
-    PYTHONPATH=$PWD python3 benchmarks/ceiling_probe.py [--set 20a] [--kinds fwd,dkdv,dq] [--no-ours]
+    PYTHONPATH=$PWD python3 benchmarks/ceiling_probe.py [--set floors] [--kinds fwd,dkdv,dq] [--no-ours]
         [--n 131072] [--heads 16] [--window 4096] [--rep 150]
-    PYTHONPATH=/tmp/t36:$PWD python benchmarks/ceiling_probe.py --sass [--set 20a]   # no GPU: sm_90 SASS
+    PYTHONPATH=/tmp/t36:$PWD python benchmarks/ceiling_probe.py --sass [--set floors]   # no GPU: sm_90 SASS
 
 The backward of the two-kernel deterministic design does 7 products a block pair: the dk/dv
 kernel QK^T, dO V^T, P^T dO and dS^T Q (one key tile a program, its K and V resident), the dq
@@ -19,12 +19,13 @@ tiles through pipelined descriptor loads, and vary what happens between the prod
   bound, which the compiler cannot fold), so that S^T and dP^T read their A operand from
   registers instead of shared memory (at 64 x 64 both operands from shared memory need about
   128 bytes a cycle, the shared-memory bandwidth of an SM);
-- ``WS``: the loop as ``tl.range(..., warp_specialize=True)`` (sets 20b-20d, with ``DUP`` and
-  ``HOST`` variants; the forward too, ``_fwd``), each checked against the same kernel without it.
+- ``WS``: the loop as ``tl.range(..., warp_specialize=True)`` (sets ``ws``, ``ws-dup``,
+  ``ws-host``, with ``DUP`` and ``HOST`` variants; the forward too, ``_fwd``), each checked
+  against the same kernel without it.
 
-Sets: ``20a`` (the default) the ceilings; ``20b``, ``20c``, ``20d`` the warp-specialised
+Sets: ``floors`` (the default) the ceilings; ``ws``, ``ws-dup``, ``ws-host`` the warp-specialised
 variants. On the GPU image's Triton 3.6 every WS variant computed wrong sums, faulted or hung
-(benchmarks/NOTES.md, run 20): run those sets one kernel per process (``--kinds``), under a
+(docs/performance.md): run those sets one kernel per process (``--kinds``), under a
 timeout, to check another Triton. The outputs are not attention gradients (no masks;
 ``products`` has no softmax): each non-WS variant is checked only for being finite, and timed.
 Every figure is printed as ms and as the rate of the products it executes (2, 4 or 3 products of
@@ -106,8 +107,8 @@ def _dkdv(Q, K, V, DO, LSE2, DELTA, DK, DV, N, BH, qk_scale, WINDOW: tl.constexp
             pt = st
         if DUP:
             # a second load of the tile for its second product: each shared-memory buffer then
-            # feeds one wgmma (run 20b found the WS loop wrong when one feeds two); program_id(2), zero
-            # at run time, keeps the compiler from merging the two loads
+            # feeds one wgmma (the ``ws`` set found the WS loop wrong when one feeds two);
+            # program_id(2), zero at run time, keeps the compiler from merging the two loads
             dv = tl.dot(pt.to(do.dtype), dod.load([row0 + start + tl.program_id(2), 0]), dv)
         else:
             dv = tl.dot(pt.to(do.dtype), do, dv)
@@ -191,12 +192,12 @@ def _fwd(Q, K, V, O, N, BH, qk_scale, WINDOW: tl.constexpr, HEAD_DIM: tl.constex
 _MODES = {"dkdv": [("products", False, False), ("softmax", True, False), ("products RS", False, True),
                    ("softmax RS", True, True)],
           "dq": [("products", False, False), ("softmax", True, False)]}
-RUN20A = ([("dkdv", m, soft, rs, False, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
+SET_FLOORS = ([("dkdv", m, soft, rs, False, False, c) for c in [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
                                                             (128, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
                                                             (128, 64, 4, 2)] for m, soft, rs in _MODES["dkdv"]]
           + [("dq", m, soft, rs, False, False, c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
                                                           (64, 64, 4, 3), (64, 128, 4, 2)] for m, soft, rs in _MODES["dq"]])
-# Run 20b: ``tl.range(..., warp_specialize=True)``. In Triton 3.6 it takes effect with 4 warps only
+# Set ws: ``tl.range(..., warp_specialize=True)``. In Triton 3.6 it takes effect with 4 warps only
 # (8 warps compile without partitions): a producer partition issues the TMA loads and two
 # consumer warpgroups of 4 warps (232 registers each) split the tile's rows, 64 each, so the
 # tile is 128 rows: the key tile of dk/dv (block_n 128), the query tile of dq (block_m 128).
@@ -206,29 +207,29 @@ _BASE = [("dkdv", "products", False, False, False, False, (64, 64, 4, 2)),
          ("dq", "products", False, False, False, False, (128, 64, 8, 3)),
          ("dq", "softmax", True, False, False, False, (128, 64, 8, 3)),
          ("fwd", "softmax", True, False, False, False, (128, 128, 8, 3))]
-RUN20B = (_BASE[:4] + [(kind, m + " WS", soft, False, True, False, c) for kind, shapes in (
+SET_WS = (_BASE[:4] + [(kind, m + " WS", soft, False, True, False, c) for kind, shapes in (
     ("dkdv", [(64, 128, 4, 2), (64, 128, 4, 3), (32, 128, 4, 2), (32, 128, 4, 3)]),
     ("dq", [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 4, 2)])) for c in shapes
     for m, soft in (("products", False), ("softmax", True))]
     # the forward; (128, 128, 4, 3) with WS needs 240 KiB of shared memory
     + _BASE[4:] + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3),
                                                                              (128, 64, 4, 4)]])
-# Run 20c: 20b's dk/dv WS loop was wrong (products) or faulted (softmax). Hypothesis: a
+# Set ws-dup: the ws set's dk/dv WS loop was wrong (products) or faulted (softmax). Hypothesis: a
 # shared-memory buffer that feeds two wgmmas (Q: S^T and dK; dO: dP^T and dV; K in dq: S and
 # dQ) is released to the producer after the first. DUP loads such a tile a second time, so that
 # every buffer feeds one product.
-RUN20C = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
+SET_WS_DUP = (_BASE + [("fwd", "softmax WS", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
           + [("dq", m, soft, False, True, dup, c) for c in [(128, 64, 4, 2), (128, 64, 4, 3)]
              for dup in (False, True) for m, soft in (("products WS" + (" DUP" if dup else ""), False),
                                                       ("softmax WS" + (" DUP" if dup else ""), True))]
           + [("dkdv", m, soft, False, True, True, c) for c in [(64, 128, 4, 2), (32, 128, 4, 2), (32, 128, 4, 3)]
              for m, soft in (("products WS DUP", False), ("softmax WS DUP", True))])
-# Run 20d: every WS variant of 20c was wrong or faulted, the forward included (each of its
-# buffers feeds one product), which refutes 20c's hypothesis. The loops follow Triton's own
+# Set ws-host: every WS variant of ws-dup was wrong or faulted (Triton 3.6), the forward included
+# (each of its buffers feeds one product), which refutes ws-dup's hypothesis. The loops follow Triton's own
 # attention tutorial except that the descriptors are built in the kernel
 # (tl.make_tensor_descriptor, written to global scratch): " HOST" in a mode name passes
 # descriptors built on the host instead (triton.tools.tensor_descriptor).
-RUN20D = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
+SET_WS_HOST = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
            ("fwd", "softmax HOST", True, False, False, False, (128, 128, 8, 3))]
           + [("fwd", "softmax WS HOST", True, False, True, False, c) for c in [(128, 128, 4, 2), (128, 64, 4, 3)]]
           + [("dq", m, soft, False, ws, False, (128, 64, 4, 2)) for ws in (False, True)
@@ -237,7 +238,7 @@ RUN20D = ([("fwd", "softmax", True, False, False, False, (128, 128, 8, 3)),
           + [("dkdv", m, soft, False, ws, False, (64, 128, 4, 2)) for ws in (False, True)
              for m, soft in (("products HOST" + (" WS" if ws else ""), False),
                              ("softmax HOST" + (" WS" if ws else ""), True))])
-SETS = {"20a": RUN20A, "20b": RUN20B, "20c": RUN20C, "20d": RUN20D}
+SETS = {"floors": SET_FLOORS, "ws": SET_WS, "ws-dup": SET_WS_DUP, "ws-host": SET_WS_HOST}
 
 
 def _blocks(kind, n, w, bm, bn):
@@ -252,6 +253,19 @@ def _blocks(kind, n, w, bm, bn):
             lo, hi = max(i0 - w + 1, 0) // bn * bn, min(i0 + bm, n)
             total += len(range(lo, hi, bn))
     return total
+
+
+def _kernels(prof, iters):
+    """(ms per iteration, launches per iteration, name) of every CUDA kernel in a profile, slowest first."""
+    rows = []
+    for e in prof.key_averages():
+        dev_t = getattr(e, "device_time_total", None)
+        if dev_t is None:
+            dev_t = getattr(e, "cuda_time_total", 0)
+        if dev_t and e.key and not e.key.startswith(("aten::", "cuda", "Memcpy", "ProfilerStep")) \
+                and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append((dev_t / iters / 1000.0, e.count // iters, e.key))
+    return sorted(rows, reverse=True)
 
 
 def _sass(variants):
@@ -305,7 +319,7 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=150, help="do_bench's rep (ms) per figure")
     ap.add_argument("--kinds", help="only these kernels (fwd,dkdv,dq); a faulting variant ends its process")
     ap.add_argument("--no-ours", action="store_true", help="skip timing our kernels")
-    ap.add_argument("--set", choices=sorted(SETS), default="20a", help="which variants (those of run 20a, 20b, 20c or 20d)")
+    ap.add_argument("--set", choices=sorted(SETS), default="floors", help="which variants (default: %(default)s)")
     ap.add_argument("--sass", action="store_true", help="no GPU: compile each variant for sm_90 and report it")
     args = ap.parse_args(argv)
     if args.sass:
@@ -334,12 +348,7 @@ def main(argv=None):
         print(f"ours backward {pattern}, H={h}, N={n}: {ours:.3f} ms ({2.5 * 4 * d * pairs / ours * 1e-9:.0f} TFLOP/s "
               f"effective, 2.5 x 4 D pairs)", flush=True)
         # our backward's kernels, one by one (torch.profiler, 10 iterations)
-        from pathlib import Path
-
         from torch.profiler import ProfilerActivity, profile
-
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from profile_case import _kernels
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):

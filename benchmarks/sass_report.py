@@ -1,16 +1,16 @@
 """Registers, spills and loop bodies of the generated kernels for sm_90, without a GPU.
 
     python benchmarks/sass_report.py [--pattern window=4096] [--kernel msa_bwd_dkdv] [--config 64,64,4,2]
-        [--head-dim 128] [--variant NAME] [--dump FILE]
+        [--head-dim 128] [--ds] [--dump FILE]
 
 Compiles one generated kernel (bf16, tensor descriptors on) for an sm_90 target with the Triton
 that is installed (its bundled ptxas) and prints ptxas's register count and stack bytes, then,
 for every loop that issues wgmma (HGMMA), its length in instructions, the local-memory spill
 instructions in it, and where each HGMMA shape reads its A operand (registers or shared
-memory). ``--variant`` applies one of ``variant_probe.py``'s text edits first. To see what the
-GPU image compiles, install its Triton beside the project's, e.g. ``pip install --no-deps
---target /tmp/t36 triton==3.6.0`` and run with ``PYTHONPATH=/tmp/t36:$PWD``. Not part of the
-package: it turns a suspicion about register pressure into numbers before a GPU run.
+memory). To see what the GPU image compiles, install its Triton beside the project's, e.g.
+``pip install --no-deps --target /tmp/t36 triton==3.6.0`` and run with
+``PYTHONPATH=/tmp/t36:$PWD``. Not part of the package: it turns a suspicion about register
+pressure into numbers before a GPU run. Needs tests/aot_check.py (its ``compile_kernel``).
 """
 from __future__ import annotations
 
@@ -75,7 +75,6 @@ def main(argv=None):
     ap.add_argument("--config", default="64,64,4,2", help="block_m,block_n,warps,stages of that kernel")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dump", help="also write the whole SASS listing to this file")
-    ap.add_argument("--variant", help="a variant_probe.py variant name (substring) to apply first")
     ap.add_argument("--ds", action="store_true", help="the backward that passes the band's dS through scratch "
                     "(dk/dv stores it, dq reads it)")
     args = ap.parse_args(argv)
@@ -91,15 +90,6 @@ def main(argv=None):
     direction = "fwd" if args.kernel == "msa_fwd" else "bwd"
     src = codegen.render(plan, direction)
     label = f"{args.kernel} {args.pattern} D={args.head_dim} config {args.config}"
-    if args.variant:
-        import variant_probe
-
-        picked = [v for v in variant_probe.VARIANTS if args.variant in v[0] and v[1] == direction]
-        if len(picked) != 1 or picked[0][2] == "nofold":
-            raise SystemExit(f"--variant {args.variant!r}: expected one text-edit variant of {direction}, "
-                             f"got {[v[0] for v in picked]}")
-        src = variant_probe._edit(src, picked[0][2])
-        label += f", variant {picked[0][0]!r}"
     path = Path(tempfile.mkdtemp()) / f"msa_sass_{direction}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(path.stem, path)

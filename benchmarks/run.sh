@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Rerun a measurement on a GPU machine, from the repository root:
+#
+#   bash benchmarks/run.sh SUITE [ARGS...]      # ARGS go to the suite's command
+#
+# Suites:
+#   bench      msa-bench: every case against FlexAttention / SDPA flash (BENCHMARKS.md's table);
+#              appends to benchmarks/results.csv. ARGS e.g. --cases w4096,w4096-d2
+#   dynamic    the run-time sparsity rows (python -m msa_codegen.bench_dynamic), same CSV
+#   gpu-tests  pytest -m gpu (WORKERS processes when pytest-xdist is there), then the tuner's
+#              timing-sensitive test alone, so that it does not share the GPU; ARGS go to both
+#              pytest commands (a -k of your own replaces the split)
+#   tune       the shipped tuning grid (msa_codegen.tuner.grid), one shard per GPU, resumed from
+#              msa_codegen/data/tuning.db; rows exported to $OUT/tuning.db (copy it into
+#              msa_codegen/data/ to ship it). BUDGET / HARD: seconds to stop starting entries / kill
+#   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
+#              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
+#   ws-check   does this Triton's warp specialisation work on those loops? (ceiling_probe.py's
+#              sets ws-dup / ws-host, one process per kernel under a 90 s timeout: they can
+#              fault or hang)
+#   sweep      benchmarks/sweep.py: launch configurations of one case, forward and backward;
+#              ARGS e.g. --pattern window=4096 --heads 32 --head-dim 64 --fwd-only
+#
+# Set-up shared by every suite: the repository on PYTHONPATH (no install needed), and the wheels
+# carried in .whl/ (the GPU image lacks optuna and sqlalchemy; see the device tool's wheels.sh)
+# installed into /tmp/site when that folder exists. Logs go to $OUT/SUITE.log (OUT defaults to
+# /tmp/msa-out); bench and dynamic also copy the updated results.csv there. TIMEOUT=S bounds the
+# suite's command (0: none).
+set -u
+suite=${1:-}
+[ $# -gt 0 ] && shift
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-/tmp/msa-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit 1
+fi
+TIMEOUT=${TIMEOUT:-0}
+limit() { if [ "$TIMEOUT" -gt 0 ]; then timeout "$TIMEOUT" "$@"; else "$@"; fi; }
+header() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%Y-%m-%d %H:%M UTC')"
+}
+log="$OUT/${suite:-none}.log"
+start=$(date +%s)
+
+case "$suite" in
+  bench)
+    { header; limit python3 -m msa_codegen.bench --reps-ms 150 "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    cp benchmarks/results.csv "$OUT/results.csv" ;;
+  dynamic)
+    { header; limit python3 -m msa_codegen.bench_dynamic --reps-ms 100 "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    cp benchmarks/results.csv "$OUT/results.csv" ;;
+  gpu-tests)
+    SLOW=test_gpu_tuned_config_is_no_slower_than_the_default_and_attention_runs_it
+    par=""
+    python3 -c "import xdist" 2>/dev/null && par="-n ${WORKERS:-3}"   # 4 workers ran out of GPU memory
+    {
+      header
+      limit python3 -m pytest tests -m gpu -q -p no:cacheprovider $par -k "not $SLOW" "$@"; r1=$?
+      limit python3 -m pytest tests -m gpu -q -p no:cacheprovider -k "$SLOW" "$@"; r2=$?
+      exit $(( r1 || r2 ))
+    } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  tune)
+    BUDGET=${BUDGET:-420}; HARD=${HARD:-560}; DB=${DB:-/tmp/msa-grid.db}
+    [ -f msa_codegen/data/tuning.db ] && [ ! -f "$DB" ] && cp msa_codegen/data/tuning.db "$DB"
+    NG=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+    header | tee "$log"
+    pids=()
+    for i in $(seq 0 $((NG - 1))); do
+      left=$(( BUDGET - ($(date +%s) - start) ))
+      CUDA_VISIBLE_DEVICES=$i timeout $(( HARD - ($(date +%s) - start) )) \
+        python3 -m msa_codegen.tuner.grid --db "$DB" --shard "$i/$NG" --budget-s "$left" "$@" > "$OUT/grid-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    python3 -m msa_codegen.tuner.grid --db "$DB" --export "$OUT/tuning.db" 2>&1 | tee -a "$log"
+    for i in $(seq 0 $((NG - 1))); do
+      echo "==== grid $i" | tee -a "$log"
+      grep -E "FAILED|finished|budget|nothing|x\) " "$OUT/grid-$i.log" | cut -c1-200 | tee -a "$log"
+    done ;;
+  ceiling)
+    { header; limit python3 benchmarks/ceiling_probe.py --rep 200 "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  ws-check)
+    header | tee "$log"
+    rc=0
+    for set in ws-dup ws-host; do
+      for kind in fwd dq dkdv; do
+        echo "==== set $set, $kind" | tee -a "$log"
+        timeout 90 python3 benchmarks/ceiling_probe.py --set "$set" --kinds "$kind" --no-ours --rep 100 "$@" 2>&1 \
+          | grep --line-buffered -E "^(fwd|dq|dkdv) |torch.mm" | tee -a "$log"
+        r=${PIPESTATUS[0]}
+        [ "$r" = 124 ] && echo "  (timed out after 90 s: a variant hung)" | tee -a "$log"
+        [ "$r" != 0 ] && rc=$r
+      done
+    done ;;
+  sweep)
+    { header; limit python3 benchmarks/sweep.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  *)
+    sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 2 ;;
+esac
+echo "$suite: exit $rc after $(( $(date +%s) - start )) s; log $log" | tee -a "$log"
+exit "$rc"
