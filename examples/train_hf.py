@@ -60,6 +60,9 @@ def main(argv=None):
     dtype = DTYPES[args.dtype]
     if not HAS_CUDA and dtype == torch.bfloat16 and args.attn == "msa":
         sys.exit("bf16 does not run in Triton's interpreter: use --dtype fp32 (or fp16) without a GPU")
+    if not HAS_CUDA and args.attn == "flex_attention":
+        sys.exit("FlexAttention has no backward on the CPU (torch raises NotImplementedError): --attn flex_attention "
+                 "needs a GPU")
     if args.pattern and args.attn != "msa":
         sys.exit("--pattern is msa's own pattern language: only with --attn msa")
     msa_hf.register()
