@@ -17,8 +17,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import msa_codegen.integrations.transformers as msa_hf  # noqa: E402
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
-                          Qwen2Config, Qwen2ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,  # noqa: E402
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = 1e-4   # relative, per tensor; fp32 runs land near 1e-7
@@ -149,6 +150,21 @@ def test_qwen2_mixed_layer_types_matches_eager():
     cfg = Qwen2Config(**TINY, use_sliding_window=True, sliding_window=16, max_window_layers=1)
     model, ref = pair(Qwen2ForCausalLM, cfg, "eager")
     check_training_step(model, ref, tokens(1, 64))
+
+
+def test_gemma3_local_global_layers_match_eager():
+    """Gemma 3: a sliding layer then a global one, with its own scaling (query_pre_attn_scalar)."""
+    cfg = Gemma3TextConfig(**TINY, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+                           query_pre_attn_scalar=24)
+    assert msa_hf.layer_patterns(cfg) == ["window=16", "causal"]
+    model, ref = pair(Gemma3ForCausalLM, cfg, "eager")
+    x = tokens(1, 48)
+    with torch.no_grad():
+        assert rel(model(x).logits, ref(x).logits) < TOL
+    # Gemma 2 softcaps its attention logits: refused, not ignored
+    model, _ = pair(Gemma2ForCausalLM, Gemma2Config(**TINY, sliding_window=16))
+    with pytest.raises(ValueError, match="softcap"):
+        model(x)
 
 
 def test_padding_any_layout_matches_eager():
