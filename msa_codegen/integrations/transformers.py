@@ -56,7 +56,9 @@ logger = logging.getLogger("msa_codegen")
 NAME = "msa"
 
 _INSTALL_HINT = ("msa_codegen.integrations.transformers needs Hugging Face transformers: "
-                 "pip install msa-codegen[hf]  (or: pip install 'transformers>=4.56')")
+                 "pip install msa-codegen[hf]  (or: pip install 'transformers>=5.4')")
+#: the mask hook's keyword arguments (q_length, q_offset, use_vmap, ...) are those of 5.4 and newer
+MIN_TRANSFORMERS = (5, 4)
 
 
 def _transformers():
@@ -64,6 +66,11 @@ def _transformers():
         import transformers
     except ImportError as e:   # pragma: no cover - exercised only without transformers
         raise ImportError(_INSTALL_HINT) from e
+    from packaging.version import Version
+
+    if Version(transformers.__version__).release[:2] < MIN_TRANSFORMERS:
+        raise ImportError(f"msa_codegen.integrations.transformers needs transformers>=5.4 (its attention-mask hook "
+                          f"API), found {transformers.__version__}: pip install msa-codegen[hf]")
     return transformers
 
 
@@ -220,14 +227,15 @@ def mask_forward(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
                  mask_function=None, attention_mask: torch.Tensor | None = None, allow_is_causal_skip: bool = True,
                  use_vmap: bool = False, config=None, **kwargs):
     """transformers' mask hook for ``"msa"``: ``None`` (the pattern alone) or an ``MsaMask``."""
-    name = getattr(mask_function, "__qualname__", "")
+    # plain attribute access: under dynamo, getattr(fn, "__qualname__", default) gives the descriptor
+    name = mask_function.__qualname__ if mask_function is not None else ""
     if use_vmap or name.startswith("or_masks"):
         raise ValueError("msa: this model adds its own terms to the attention mask (or_mask_function / "
                          "and_mask_function / block_sequence_ids, e.g. bidirectional image tokens); msa runs "
                          "causal and sliding-window patterns with padding and packed sequences only. Use another "
                          "attn_implementation for this model")
     if name in ("bidirectional_mask_function", "sliding_window_bidirectional_overlay.<locals>.inner_mask") or \
-            name.startswith("chunked") or (mask_function is not None and name == ""):
+            name.startswith("chunked"):
         raise ValueError(f"msa: unsupported attention mask kind ({name or mask_function!r}): only causal and "
                          f"sliding-window decoder attention is supported")
     compiling = torch.compiler.is_compiling()
