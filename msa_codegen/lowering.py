@@ -16,8 +16,8 @@ that no pair is counted twice:
 The key-centric kernel (dk, dv) runs the transposes of the same phases with the same owners.
 
 With run-time positions (``positional``: cu_seqlens, q_pos/k_pos, buckets; see dynamic.py) the
-kernels come from the _pos_* templates: tiles are plain row ranges, a tile's key (query) range
-is found by a 64-ary search over the sorted (segment, position) keys of the rows, and the
+kernels take their positional form (plan.positional): tiles are plain row ranges, a tile's key
+(query) range is found by a 64-ary search over the sorted (segment, position) keys of the rows, and the
 phases are P (the sink/global columns of the tile's first segment), W (one contiguous range
 after it holding every other pair the structured terms show; blocks that every row sees run
 unmasked) and R (random / top-k blocks of rows). Dilation is then evaluated by the predicate,
@@ -61,6 +61,33 @@ class KernelPlan:
     @property
     def has_w_phase(self) -> bool:
         return self.dense or self.has_window
+
+    @property
+    def pos_w_phase(self) -> bool:
+        """Positional kernels search a W range: the structured terms show keys past the P range."""
+        return self.dense or self.has_window or bool(self.prefix)
+
+    @property
+    def pos_w_unmasked(self) -> bool:
+        """Positional W ranges without index classes have an unmasked middle: keys every row of
+        a tile of one segment sees (dense, or an undilated window)."""
+        return self.dense or (self.has_window and self.dilation == 1)
+
+    @property
+    def dkdv_w_split(self) -> bool:
+        """The dk/dv kernel runs a W band of contiguous rows (DIL 1) as one loop (SPLIT), in the
+        pass over the heads that follows the masked blocks; a dilated band keeps three loops."""
+        return self.has_w_phase and self.dilation == 1 and not self.positional
+
+    @property
+    def dkdv_passes(self) -> tuple[str, ...]:
+        """The dk/dv kernel's passes over the query heads: 'edges' (masked blocks: the other
+        phases, a dilated band's edges) then 'band' (the bands); positional kernels: one, 'all'."""
+        if self.positional:
+            return ("all",)
+        edges = self.glob or self.prefix or self.random or self.topk or (self.has_w_phase and not self.dkdv_w_split)
+        bands = self.has_w_phase or self.prefix
+        return (("edges",) if edges or not bands else ()) + (("band",) if bands else ())
 
     @property
     def ds_capable(self) -> bool:
