@@ -5,12 +5,12 @@
 """
 __version__ = "0.1.0"
 
-from .spec import Pattern, PatternError, Spec, parse  # noqa: E402
-from .reference import mask, reference_attention  # noqa: E402
+from .pattern.spec import Pattern, PatternError, Spec, parse  # noqa: E402
+from .pattern.reference import mask, reference_attention  # noqa: E402
 from .ops import attention  # noqa: E402
-from .selection import hash_sort, select_blocks  # noqa: E402
+from .sparsity.selection import hash_sort, select_blocks  # noqa: E402
 from .config import BwdConfig, FwdConfig, LaunchConfig, use_config  # noqa: E402
-from .cache import explain  # noqa: E402
+from .tuning.lookup import explain  # noqa: E402
 
 __all__ = [
     "attention", "parse", "mask", "reference_attention", "select_blocks", "hash_sort", "Pattern", "PatternError", "Spec",

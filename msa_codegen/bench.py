@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .spec import Spec, parse
+from .pattern.spec import Spec, parse
 
 CSV_FIELDS = ["date", "gpu", "torch", "triton", "msa_codegen", "case", "pattern", "impl", "B", "Hq", "Hkv", "N", "D",
               "dtype", "fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "peak_gib", "setup_s",

@@ -121,7 +121,7 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
             peers["sdpa-flash-dense"] = (_sdpa(q, k, v), False)
         grads = (qc, kc, vc, q, k, v)
     elif case.kind == "topk":
-        from .spec import parse
+        from .pattern.spec import parse
 
         spec = parse(case.pattern).groups[0].spec
         idx = select_blocks(q.detach(), k.detach(), spec.topk, block=spec.block)
@@ -139,7 +139,7 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
 
 def msa_window(pattern: str) -> int:
     """The pattern's window (the whole document when it has none)."""
-    from .spec import parse
+    from .pattern.spec import parse
 
     w = parse(pattern).groups[0].spec.window
     return (1 << 30) if w is None else w
@@ -229,7 +229,7 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
                 # the host checks of the inputs (syncs) are remembered per tensor version, so the
                 # timed calls above skip them, as every layer after the first of a step does;
                 # their cost: the same call with nothing remembered
-                from .dynamic import CHECKED
+                from .sparsity.inputs import CHECKED
 
                 def cold(fn=fn):
                     CHECKED.clear()

@@ -126,7 +126,7 @@ def narrow_band(pattern: str | None) -> bool:
     blocks in masked edges and in the loop's pipeline start. False without a pattern."""
     if not pattern:
         return False
-    from .spec import parse
+    from .pattern.spec import parse
 
     for g in parse(pattern).groups:
         sp = g.spec
@@ -210,7 +210,7 @@ def lookup_config(device: torch.device, pattern: str, head_dim: int, dtype: torc
     GPU, nearest length bucket, heuristic default (``msa_codegen.cache.lookup``). Cached in
     memory: after the first call of a shape no database is read again until a file changes.
     """
-    from .cache.lookup import resolve_for_device
+    from .tuning.lookup import resolve_for_device
 
     res = resolve_for_device(device, pattern, head_dim, dtype, group, seqlen if seqlen and seqlen > 0 else 1)
     return res.config, res.source

@@ -14,12 +14,12 @@ import math
 
 import torch
 
-from . import codegen
+from .kernels import render as codegen
 from .config import LaunchConfig, bwd_scratch_limit, current_config_list, descriptor_fault, from_list, tma_capable
-from .lowering import MAX_SEQLEN, lower
-from .dynamic import prepare
-from .spec import Pattern, Spec, parse
-from .tables import merged_block_tables, random_tables
+from .pattern.lowering import MAX_SEQLEN, lower
+from .sparsity.inputs import prepare
+from .pattern.spec import Pattern, Spec, parse
+from .sparsity.tables import merged_block_tables, random_tables
 
 LOG2E = 1.4426950408889634
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -568,7 +568,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             is accepted for API compatibility.
         autotune: when no tuned row of this GPU and length bucket exists for the call's key, tune
             it now (once per process, a short budget, progress on stderr) and store the winner in
-            the user database (``msa_codegen.tuner.auto``). Default off: tuning never happens
+            the user database (``msa_codegen.tuning.auto``). Default off: tuning never happens
             implicitly.
 
     Run-time sparsity (each composes with any pattern; no gradient flows into them; see
@@ -615,7 +615,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             raise ValueError("autotune=True tunes a pattern's own kernels; with run-time sparsity (cu_seqlens, "
                              "positions, buckets, topk) the kernels depend on the data: tune the plain pattern "
                              "(msa-tune --pattern ...) and call without autotune")
-        from .tuner.auto import ensure_tuned
+        from .tuning.auto import ensure_tuned
 
         ensure_tuned(q, k, str(pat))
     cfg = current_config_list(q.device, d, q.dtype, str(pat), q.shape[1] // k.shape[1], q.shape[2])

@@ -10,9 +10,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from msa_codegen import codegen
-from msa_codegen.lowering import lower
-from msa_codegen.spec import parse
+from msa_codegen.kernels import render as codegen
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
 
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")

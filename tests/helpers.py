@@ -6,12 +6,12 @@ import random
 import torch
 
 import msa_codegen as msa
+from msa_codegen.pattern.reference import relative_error
 
 # relative-error floors per dtype; the bound is max(floor, 2 x PyTorch's own same-dtype error)
 FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
-
-rel_err = msa.reference.relative_error
+rel_err = relative_error
 
 
 def make_inputs(b, hq, hkv, n, d, dtype, device, layout="bhnd", seed=None):
@@ -90,7 +90,7 @@ def chunked_reference(q, k, v, pattern, do, scale=None, compute_dtype=torch.floa
     With ``compute_dtype`` = the inputs' dtype it is PyTorch's own low-precision computation of
     the same thing (the baseline of the "no worse than twice PyTorch's error" rule).
     """
-    from msa_codegen.reference import spec_mask
+    from msa_codegen.pattern.reference import spec_mask
 
     b, hq, n, d = q.shape
     group = hq // k.shape[1]

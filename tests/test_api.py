@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from msa_codegen import codegen, tables
-from msa_codegen.lowering import lower
+from msa_codegen.kernels import render as codegen
+from msa_codegen.sparsity import tables
+from msa_codegen.pattern.lowering import lower
 from msa_codegen.ops import attention_fwd_op
 
 from helpers import make_inputs, rel_err

@@ -271,7 +271,7 @@ def test_scratch_backward_chunks_heads_and_falls_back(device, monkeypatch):
     """A limit of two KV heads' tiles: chunks of whole KV heads, each its own dk/dv and dq
     launches; below one KV head's tiles, and with the limit 0 (the default), dq recomputes."""
     import msa_codegen.ops as ops
-    from msa_codegen.lowering import lower
+    from msa_codegen.pattern.lowering import lower
 
     b, hq, hkv, n = 2, 6, 3, 100
     from msa_codegen.config import current_config
@@ -321,7 +321,7 @@ def test_scratch_slots_cover_both_bands(causal):
     import itertools
 
     import msa_codegen.ops as ops
-    from msa_codegen.lowering import lower
+    from msa_codegen.pattern.lowering import lower
 
     cdiv = ops._cdiv
     for w, dil, n, bm, bn, prefix in itertools.product([1, 5, 16, 40, 100], [1, 3], [1, 33, 200],

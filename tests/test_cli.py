@@ -148,7 +148,7 @@ def _error_cases(tmp_path):
     if not torch.cuda.is_available():
         cases[NOT_PRESENT] = ([*TUNE, "--pattern", "window=8", "--gpu", "h100"], "no CUDA GPU")
     else:
-        from msa_codegen.gpu import current_gpu
+        from msa_codegen.tuning.gpu import current_gpu
 
         other = "b200" if current_gpu()[0] != "b200" else "h100"
         cases[NOT_PRESENT] = ([*TUNE, "--pattern", "window=8", "--gpu", other], "the GPU present is")

@@ -10,7 +10,7 @@ import torch
 
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
-from msa_codegen.reference import spec_mask
+from msa_codegen.pattern.reference import spec_mask
 
 from helpers import assert_matches_reference, rel_err
 
@@ -119,7 +119,7 @@ def test_select_blocks():
 
 
 def test_select_blocks_in_chunks(monkeypatch):
-    import msa_codegen.selection as sel
+    import msa_codegen.sparsity.selection as sel
 
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 2, 300, 16, generator=gen), torch.randn(1, 2, 300, 16, generator=gen)
@@ -439,7 +439,7 @@ def test_errors(kw, err, frag):
 
 def _counting_checks(monkeypatch):
     """Every host-side check ``attention`` actually runs (not the ones it remembers), by name."""
-    from msa_codegen import dynamic
+    from msa_codegen.sparsity import inputs as dynamic
 
     ran = []
     real = dynamic.CHECKED.run
@@ -535,8 +535,8 @@ def test_batch_and_length_errors():
 
 def test_plain_pattern_kernels_unchanged():
     """Run-time inputs add nothing to a plain pattern's plan (same key, same source)."""
-    from msa_codegen import codegen
-    from msa_codegen.lowering import lower
+    from msa_codegen.kernels import render as codegen
+    from msa_codegen.pattern.lowering import lower
     for p in ["window=40,dilation=2,sink=4", "causal=false,global=3,random=2,block=64", "causal"]:
         spec = msa.parse(p).groups[0].spec
         plan = lower(spec)
@@ -679,7 +679,7 @@ def test_repeated_positions(device):
 
 def test_merged_block_tables():
     """Random + top-k table: each id once per row, and the CSR inverse lists exactly its choosers."""
-    from msa_codegen.tables import merged_block_tables
+    from msa_codegen.sparsity.tables import merged_block_tables, random_block_table_cpu
 
     spec = msa.parse("random=2,seed=4,topk=3,block=16").groups[0].spec
     gen = torch.Generator().manual_seed(2)
@@ -689,7 +689,7 @@ def test_merged_block_tables():
     idx[..., 2] = idx[..., 1]
     table, offs, inv = merged_block_tables(spec, n, n, idx)
     assert table.shape == (2, 3, nb, 5)
-    rtab = msa.tables.random_block_table_cpu(spec, n)
+    rtab = random_block_table_cpu(spec, n)
     for b in range(2):
         for h in range(3):
             for qb in range(nb):

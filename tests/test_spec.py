@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from msa_codegen.spec import MAX_VALUE, HeadGroup, Pattern, PatternError, Spec, parse  # noqa: E402
+from msa_codegen.pattern.spec import MAX_VALUE, HeadGroup, Pattern, PatternError, Spec, parse  # noqa: E402
 
 # ---------------------------------------------------------------------------------------
 # Valid patterns and their canonical form

@@ -15,15 +15,17 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from msa_codegen import gpu as gpu_mod
-from msa_codegen.cache import bucket, clear_cache, resolve
-from msa_codegen.cache import lookup as lookup_mod
-from msa_codegen.cache.db import SchemaError, TuningDB
-from msa_codegen.lowering import lower
-from msa_codegen.spec import parse
-from msa_codegen.cache.keys import TuningKey, template_hash, triton_version
+from msa_codegen.tuning import gpu as gpu_mod
+from msa_codegen.tuning import bucket, clear_cache, resolve
+from msa_codegen.tuning import lookup as lookup_mod
+from msa_codegen.tuning.database import SchemaError, TuningDB
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+from msa_codegen.tuning.keys import TuningKey, template_hash, triton_version
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, default_config, lookup_config
-from msa_codegen.tuner import Problem, space, tune
+from msa_codegen.tuning import space
+from msa_codegen.tuning.measure import Problem
+from msa_codegen.tuning.search import tune
 
 from helpers import rel_err
 
@@ -144,7 +146,7 @@ def test_export_import_roundtrip(tmp_path):
 
 def test_shipped_copy(tmp_path, monkeypatch):
     """write_shipped_copy: only the tuning rows, rollback journal; read through mode=ro."""
-    from msa_codegen.cache.db import write_shipped_copy
+    from msa_codegen.tuning.database import write_shipped_copy
 
     src, dst = tmp_path / "user.db", tmp_path / "shipped.db"
     put(src, row(), row(direction="bwd"))
@@ -449,7 +451,7 @@ def test_failures_are_pruned_and_wrong_configs_never_win(tmp_home, monkeypatch):
 
 
 def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern(monkeypatch):
-    from msa_codegen import codegen
+    from msa_codegen.kernels import render as codegen
 
     # same kernels (canonical spellings of one pattern) -> same key; other kernels -> another
     assert template_hash("window=8,dilation=2") == template_hash("dilation=2,window=8,causal")
@@ -464,7 +466,7 @@ def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern(monkeypatch):
 
 
 def test_autotune_tunes_a_missing_key_once_and_attention_runs_it(tmp_home, capsys):
-    from msa_codegen.tuner import auto
+    from msa_codegen.tuning import auto
 
     auto.forget_attempts()
     q = torch.randn(1, 2, 40, 16, requires_grad=True)
@@ -497,9 +499,9 @@ def test_gpu_tuned_config_is_no_slower_than_the_default_and_attention_runs_it(tm
     """Tune one pattern on this GPU (short budget), then time the stored winner against the
     heuristic default in fresh interleaved rounds (not the tuner's own numbers) and check that
     attention() resolves to the stored row and stays correct with it."""
-    from msa_codegen import gpu as _gpu
-    from msa_codegen.tuner import Bench
-    from msa_codegen.tuner.measure import representative_problem
+    from msa_codegen.tuning import gpu as _gpu
+    from msa_codegen.tuning.measure import Bench
+    from msa_codegen.tuning.measure import representative_problem
 
     pattern, n, d, dtype = "window=1024,dilation=2", 16384, 128, torch.bfloat16
     name, cap = _gpu.current_gpu()
@@ -532,7 +534,7 @@ def test_gpu_tuned_config_is_no_slower_than_the_default_and_attention_runs_it(tm
 
 def test_shipped_grid_lists_the_issue_grid_after_the_benchmark_cases(tmp_path):
     from msa_codegen.bench import CASES
-    from msa_codegen.tuner import grid
+    from msa_codegen.tuning import grid
 
     entries = grid.keys()
     assert [e.pattern for e in entries[:len(CASES)]] == [str(parse(c.pattern)) for c in CASES]
@@ -561,7 +563,7 @@ def test_precompiled_batches_run_in_workers_and_their_failures_are_pruned(tmp_ho
     import optuna
 
     from msa_codegen.config import as_list
-    from msa_codegen.tuner import precompile
+    from msa_codegen.tuning import precompile
 
     assert precompile.warm_seqlen(131072) == 1024 and precompile.warm_seqlen(131075) == 1027
     assert precompile.warm_seqlen(300) == 300
@@ -596,7 +598,7 @@ def test_precompiled_batches_run_in_workers_and_their_failures_are_pruned(tmp_ho
 def test_a_trial_another_process_finished_is_dropped_not_a_crash(tmp_home):
     """Two processes sharing a study can be handed the same enqueued trial; the one that
     reports second gets its result dropped (the study keeps the first), it does not crash."""
-    from msa_codegen.tuner.search import _fail, _settle, open_study
+    from msa_codegen.tuning.search import _fail, _settle, open_study
 
     db = tmp_home / "tuning.db"
     TuningDB(db).close()

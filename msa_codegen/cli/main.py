@@ -58,8 +58,8 @@ def cmd_demo(args) -> int:
 
 def cmd_render(args) -> int:
     import msa_codegen as msa
-    from msa_codegen import codegen
-    from msa_codegen.lowering import lower
+    from msa_codegen.kernels import render as codegen
+    from msa_codegen.pattern.lowering import lower
 
     pat = msa.parse(args.pattern)
     print(_launch_header(pat, args), end="")
@@ -77,7 +77,7 @@ def _launch_header(pat, args) -> str:
 
     import torch
 
-    from msa_codegen.cache.keys import DTYPES, torch_dtype
+    from msa_codegen.tuning.keys import DTYPES, torch_dtype
     from msa_codegen.config import default_config, lookup_config
     from msa_codegen.ops import _block_d, _dot_precision
 
@@ -147,7 +147,7 @@ def cmd_show(args) -> int:
         return _fail("msa-codegen show needs matplotlib: pip install msa-codegen[plot]")
     import torch
 
-    from msa_codegen.reference import spec_mask
+    from msa_codegen.pattern.reference import spec_mask
 
     n = args.seqlen
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 5.2 * len(groups)), squeeze=False)
@@ -189,9 +189,9 @@ def cmd_show(args) -> int:
 
 
 def cmd_which(args) -> int:
-    from msa_codegen import gpu as _gpu
+    from msa_codegen.tuning import gpu as _gpu
     from msa_codegen import parse
-    from msa_codegen.cache import dtype_name, resolve
+    from msa_codegen.tuning import dtype_name, resolve
 
     pat = parse(args.pattern)
     if args.seqlen < 1:
@@ -224,14 +224,14 @@ def cmd_which(args) -> int:
 
 
 def _open_db(path, mode="rw"):
-    from msa_codegen.cache.db import open_db
+    from msa_codegen.tuning.database import open_db
 
     return open_db(path, mode=mode)
 
 
 def cmd_db_list(args) -> int:
-    from msa_codegen.cache import shipped_db_path, user_db_path
-    from msa_codegen.cache.keys import is_current, triton_version
+    from msa_codegen.tuning import shipped_db_path, user_db_path
+    from msa_codegen.tuning.keys import is_current, triton_version
 
     path = shipped_db_path() if args.shipped else user_db_path(args.db)
     label = "shipped db" if args.shipped else "user db"
@@ -262,7 +262,7 @@ def cmd_db_list(args) -> int:
 def cmd_db_export(args) -> int:
     import json
 
-    from msa_codegen.cache import user_db_path
+    from msa_codegen.tuning import user_db_path
 
     path = user_db_path(args.db)
     if not path.exists():
@@ -282,7 +282,7 @@ def cmd_db_export(args) -> int:
 def cmd_db_import(args) -> int:
     import json
 
-    from msa_codegen.cache import user_db_path
+    from msa_codegen.tuning import user_db_path
 
     if args.file == "-":
         text = sys.stdin.read()
@@ -302,7 +302,7 @@ def cmd_db_import(args) -> int:
 
 def _study_is_current(name: str) -> bool:
     """Whether a tuner study (``TuningKey.study_name``) is of the running Triton and kernels."""
-    from msa_codegen.cache.keys import is_current
+    from msa_codegen.tuning.keys import is_current
 
     parts = name.split("|")   # the pattern is the 4th field; the last two are the versions
     if len(parts) < 4:
@@ -311,7 +311,7 @@ def _study_is_current(name: str) -> bool:
 
 
 def cmd_db_clear(args) -> int:
-    from msa_codegen.cache import user_db_path
+    from msa_codegen.tuning import user_db_path
 
     path = user_db_path(args.db)
     if not path.exists():

@@ -74,7 +74,7 @@ def _target(requested: str) -> tuple[str, str, bool]:
     """(gpu name, capability, cuda) to tune for; UsageError when it is not the GPU present."""
     import torch
 
-    from .. import gpu as _gpu
+    from ..tuning import gpu as _gpu
 
     present = _gpu.current_gpu() if torch.cuda.is_available() else None
     name, cap = present if present else (_gpu.INTERPRETER, _gpu.INTERPRETER_CAPABILITY)
@@ -121,10 +121,10 @@ def run(args) -> int:
                            "a command)")
 
     from .. import parse
-    from ..cache import TuningKey, bucket, user_db_path
-    from ..cache.keys import torch_dtype
-    from ..cache.db import open_db
-    from ..lowering import MAX_SEQLEN
+    from ..tuning import TuningKey, bucket, user_db_path
+    from ..tuning.keys import torch_dtype
+    from ..tuning.database import open_db
+    from ..pattern.lowering import MAX_SEQLEN
 
     name, cap, _ = _target(args.gpu)
     pat = parse(args.pattern)                      # PatternError: one line
@@ -156,8 +156,8 @@ def run(args) -> int:
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
 
-    from ..tuner import tune
-    from ..tuner.measure import INTERP_MAX_SEQLEN, representative_problem
+    from ..tuning.search import tune
+    from ..tuning.measure import INTERP_MAX_SEQLEN, representative_problem
 
     if not cuda:
         print(f"no CUDA GPU: tuning in Triton's interpreter on the CPU, reduced problem (N <= {INTERP_MAX_SEQLEN}, "
@@ -241,8 +241,8 @@ def main(argv=None) -> int:
 
 def error_line(e: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) of an error that ends a command."""
-    from ..cache.db import DatabaseUnusable, SchemaError
-    from ..cache.lookup import _describe_failure
+    from ..tuning.database import DatabaseUnusable, SchemaError
+    from ..tuning.lookup import _describe_failure
 
     if isinstance(e, DatabaseUnusable):
         return 1, " ".join(str(e).split())

@@ -30,7 +30,7 @@ import torch
 
 from .. import config as _config
 from ..config import BwdConfig, FwdConfig, LaunchConfig
-from .. import gpu as _gpu
+from . import gpu as _gpu
 from .keys import bucket as _bucket
 from .keys import canonical_pattern, dtype_name, template_hash, triton_version
 
@@ -52,7 +52,7 @@ def user_db_path(explicit: str | os.PathLike | None = None) -> Path:
 @functools.lru_cache(maxsize=8)
 def _default_user_db(_home_env, _user_home) -> Path:
     # every attention call asks: cached per value of the variables home() reads
-    from ..codegen import home
+    from ..kernels.render import home
 
     return (home() / "tuning.db").absolute()
 
@@ -167,7 +167,7 @@ def _stamp(path: Path) -> tuple | None:
 
 
 def _describe_failure(exc: BaseException) -> str:
-    from .db import SchemaError
+    from .database import SchemaError
 
     if isinstance(exc, SchemaError):
         return str(exc)
@@ -196,7 +196,7 @@ def _read_rows(path: Path, mode: str, query: dict) -> list[dict] | None:
     if not path.exists():
         return None
     try:
-        from .db import TuningDB, read_timeout_s
+        from .database import TuningDB, read_timeout_s
 
         db = TuningDB(path, mode=mode, timeout=read_timeout_s(), write=False)
         try:

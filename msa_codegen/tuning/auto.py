@@ -40,8 +40,8 @@ def ensure_tuned(q: torch.Tensor, k: torch.Tensor, pattern: str, *, trials: int 
     """Tune the missing directions of this call's key (once per process). Returns the
     ``TuneResult`` of each direction tuned now (empty when nothing was missing or tried)."""
     from .. import config as _config
-    from ..cache.keys import TuningKey
-    from ..cache.lookup import clear_cache, resolve_for_device, user_db_path
+    from .keys import TuningKey
+    from .lookup import clear_cache, resolve_for_device, user_db_path
 
     trials = AUTOTUNE_TRIALS if trials is None else trials
     if _config._override is not None:
@@ -60,7 +60,7 @@ def ensure_tuned(q: torch.Tensor, k: torch.Tensor, pattern: str, *, trials: int 
         if ident in _attempted:
             return []
         _attempted.add(ident)
-        from . import tune
+        from .search import tune
         from .measure import representative_problem
 
         cuda = q.device.type == "cuda"

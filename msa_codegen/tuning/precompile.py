@@ -93,7 +93,7 @@ def _warm(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int, d
 
 def compile_all(problem, direction: str, configs: list, n_workers: int | None = None) -> list[str | None]:
     """Run every config once in parallel worker processes; per config None or its error."""
-    from ..cache.keys import dtype_name
+    from .keys import dtype_name
     from ..config import as_list
 
     if not configs:

@@ -39,7 +39,7 @@ import weakref
 
 import torch
 
-from .lowering import MAX_SEQLEN
+from ..pattern.lowering import MAX_SEQLEN
 
 _INT_DTYPES = (torch.int32, torch.int64)
 #: positions and buckets must fit the kernels' int32 arithmetic with room for a window span

@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from ..cache.keys import bucket as _bucket
-from ..cache.keys import dtype_name
+from .keys import bucket as _bucket
+from .keys import dtype_name
 from ..config import LaunchConfig, use_config
-from ..reference import relative_error as _rel_err
-from ..spec import parse
+from ..pattern.reference import relative_error as _rel_err
+from ..pattern.spec import parse
 
 # relative error (norm-wise) above which a candidate's result is wrong: a few times the
 # error of a correct kernel in that dtype; a wrong configuration misses by O(1)
@@ -132,7 +132,7 @@ class Bench:
     """Inputs of one problem and direction; ``check`` and ``time`` of candidate configs."""
 
     def __init__(self, problem: Problem, direction: str, *, reps: int | None = None, rep_ms: int = 100):
-        from ..reference import reference_attention
+        from ..pattern.reference import reference_attention
 
         self.p, self.direction = problem, direction
         self.tolerance = TOLERANCE[problem.dtype]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
-from .lowering import KernelPlan
+from .. import __version__
+from ..pattern.lowering import KernelPlan
 
-TEMPLATE_DIR = Path(__file__).parent / "templates"
+TEMPLATE_DIR = Path(__file__).parent.parent / "templates"
 DIRECTIONS = ("fwd", "bwd")
 _DIGEST_PREFIX = "# msa-codegen-digest: "
 _lock = threading.Lock()
@@ -63,8 +63,8 @@ def kernel_hash(pattern: str) -> str:
     same text, whatever else changes in the templates (the first line, which names the
     template hash and library version, is left out).
     """
-    from .lowering import lower
-    from .spec import parse
+    from ..pattern.lowering import lower
+    from ..pattern.spec import parse
 
     h = hashlib.sha256(b"msa-codegen kernels v1")
     for g in parse(pattern).groups:

@@ -2,7 +2,7 @@
 
     keys.py     what a row is keyed by (bucket, versions); no SQLAlchemy
     models.py   the SQLAlchemy ORM models (msa_schema, msa_tuning)
-    db.py       engines (WAL, busy timeout), schema check / migration, TuningDB
+    database.py engines (WAL, busy timeout), schema check / migration, TuningDB
     lookup.py   user db -> shipped db -> same capability -> nearest bucket -> heuristic, cached
 
 SQLAlchemy is imported only when a database file is opened.

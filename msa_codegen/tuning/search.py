@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from ..cache.keys import TuningKey, library_version
+from .keys import TuningKey, library_version
 from ..config import LaunchConfig, default_config
 from . import space as _space
 from .measure import Bench, Problem, WrongResult, error_line, median_iqr
@@ -113,7 +113,7 @@ def _params_key(params: dict) -> tuple:
 
 
 def _provenance(problem: Problem, meaningful: bool, rounds: int) -> str:
-    from .. import gpu as _gpu
+    from . import gpu as _gpu
 
     who = f"msa-tune on {socket.gethostname()}"
     dev = _gpu.device_name() if not problem.interpreter else "Triton interpreter (CPU)"
@@ -131,11 +131,11 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
 
     ``precompile`` (default: on a GPU) asks the sampler for a batch of candidates at a time and
     compiles them in parallel worker processes before checking and timing them here
-    (``tuner.precompile``)."""
+    (``tuning.precompile``)."""
     import optuna
     from optuna.trial import TrialState
 
-    from ..cache.db import TuningDB
+    from .database import TuningDB
 
     interp = problem.interpreter
     dev = torch.device(problem.device)

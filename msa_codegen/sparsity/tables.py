@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .spec import Spec
+from ..pattern.spec import Spec
 
 
 def _cdiv(a: int, b: int) -> int:

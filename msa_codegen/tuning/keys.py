@@ -43,7 +43,7 @@ def torch_dtype(dtype) -> torch.dtype:
 
 
 def canonical_pattern(pattern) -> str:
-    from ..spec import parse
+    from ..pattern.spec import parse
 
     return str(parse(pattern))
 
@@ -60,7 +60,7 @@ def triton_version() -> str:
 def template_hash(pattern) -> str:
     """The kernel hash of a pattern (``codegen.kernel_hash``): rows are keyed by the very
     kernel sources they were measured on."""
-    from ..codegen import kernel_hash
+    from ..kernels.render import kernel_hash
 
     return kernel_hash(canonical_pattern(pattern))
 

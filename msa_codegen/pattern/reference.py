@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from .spec import Pattern, Spec, parse
-from .dynamic import Dynamic, resolve
-from .tables import random_block_mask
+from ..sparsity.inputs import Dynamic, resolve
+from ..sparsity.tables import random_block_mask
 
 
 def spec_mask(spec: Spec, seqlen: int, device="cpu", rows: tuple[int, int] | None = None) -> torch.Tensor:
