@@ -51,7 +51,7 @@ def main(pattern, *flags):
     for kern in (fwd.msa_fwd, bwd.msa_bwd_pre, bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
         compile_kernel(kern, tma="tma" in flags)
         if plan.ds_capable and kern in (bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
-            # the band's dS through the scratch buffer (ops._ds_heads)
+            # the band's dS through the scratch buffer (kernels.schedule.ds_heads)
             compile_kernel(kern, tma="tma" in flags, constexprs={"DS": True})
     print("compiled", pattern, *flags)
 

@@ -136,16 +136,16 @@ def chunked_reference(q, k, v, pattern, do, scale=None, compute_dtype=torch.floa
 
 
 def spy_scratch(monkeypatch):
-    """The results of ops._ds_heads, one per head group and backward, as a list that grows
-    (None: dq recomputed the band; else (slots, elements per head, heads per chunk))."""
-    import msa_codegen.ops as ops
+    """The results of kernels.schedule.ds_heads, one per head group and backward, as a list that
+    grows (None: dq recomputed the band; else (slots, elements per head, heads per chunk))."""
+    from msa_codegen.kernels import schedule
 
     seen = []
-    real = ops._ds_heads
+    real = schedule.ds_heads
 
     def spy(*args):
         seen.append(real(*args))
         return seen[-1]
 
-    monkeypatch.setattr(ops, "_ds_heads", spy)
+    monkeypatch.setattr(schedule, "ds_heads", spy)
     return seen

@@ -8,7 +8,7 @@ import msa_codegen as msa
 from msa_codegen.kernels import render as codegen
 from msa_codegen.sparsity import tables
 from msa_codegen.pattern.lowering import lower
-from msa_codegen.ops import attention_fwd_op
+from msa_codegen.autograd import attention_fwd_op
 
 from helpers import make_inputs, rel_err
 
@@ -228,11 +228,11 @@ def test_changing_length_reuses_the_kernel(device):
     """Lengths are not specialised: a new N does not compile or load another kernel."""
     q, k, v = _qkv(device, n=50)
     msa.attention(q, k, v, "window=5,sink=2")
-    before = dict(codegen._modules)
+    before = codegen.loaded_modules()
     for n in (17, 64, 99):
         q, k, v = _qkv(device, n=n)
         msa.attention(q, k, v, "window=5,sink=2")
-    assert codegen._modules == before
+    assert codegen.loaded_modules() == before
 
 
 # ---- tables and the dense mask ----------------------------------------------------------------

@@ -7,6 +7,8 @@ import torch
 
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
+from msa_codegen.kernels import schedule
+from msa_codegen.kernels import tma as tma_policy
 
 from helpers import check_attention, make_inputs, spy_scratch
 
@@ -175,10 +177,8 @@ def test_backward_is_deterministic(device):
                                      "sink=9,random=2,block=32", "0-0:sink=70;1-1:window=9,sink=3"])
 def test_prefix_keys_split_over_query_chunks(pattern, device, monkeypatch):
     """The sink/global key tiles split their query rows over several programs (partial sums)."""
-    import msa_codegen.ops as ops
-
-    monkeypatch.setattr(ops, "PREFIX_CHUNK_ROWS", 64)
-    assert ops._prefix_chunk(300, 40, 64, 32) == 64
+    monkeypatch.setattr(schedule, "PREFIX_CHUNK_ROWS", 64)
+    assert schedule.prefix_chunk(300, 40, 64, 32) == 64
     check_attention(pattern, hq=2, hkv=1, n=300, device=device)
 
 
@@ -192,37 +192,33 @@ def test_descriptor_and_pointer_loads(pattern, tma, device, monkeypatch):
     """The plain forward reads K/V through tensor descriptors where TMA can (Hopper, and the
     interpreter runs the same code), else through pointers: both against the reference, with a
     head dim that pads BLOCK_D (columns past HEAD_DIM come back as zeros) and with GQA."""
-    import msa_codegen.ops as ops
-
-    if tma and device == "cuda" and not ops._has_tma(torch.cuda.current_device()):
+    if tma and device == "cuda" and not tma_policy.device_has_tma(torch.cuda.current_device()):
         pytest.skip("no TMA before Hopper")
-    monkeypatch.setattr(ops, "USE_TMA", tma)
-    if "topk" in pattern:
-        from test_dynamic import check_dynamic, topk_inputs
+    with tma_policy.use_descriptors(tma):
+        if "topk" in pattern:
+            from test_dynamic import check_dynamic, topk_inputs
 
-        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=100, device=device, make=topk_inputs(pattern))
-        return
-    check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
-    check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
+            check_dynamic(pattern, b=1, hq=2, hkv=1, nq=100, device=device, make=topk_inputs(pattern))
+            return
+        check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
+        check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
 
 
 def test_descriptor_loads_need_aligned_layouts(device):
     """TMA needs 16-byte aligned bases and row strides: other layouts take the pointer loads,
     and give the reference's result."""
-    import msa_codegen.ops as ops
-
-    if device == "cuda" and not ops._has_tma(torch.cuda.current_device()):
+    if device == "cuda" and not tma_policy.device_has_tma(torch.cuda.current_device()):
         pytest.skip("no TMA before Hopper")
     q, k, v, _ = make_inputs(1, 2, 1, 50, 32, torch.float16, device)
-    assert ops._use_tma(k, v)
+    assert tma_policy.use_tma(k, v)
     # k's base 2 bytes past an aligned address
     k_off = torch.randn(50 * 32 + 1, device=device).to(torch.float16)[1:].view(1, 1, 50, 32).requires_grad_()
-    assert not ops._tma_layout_ok(k_off) and not ops._use_tma(k_off, v)
+    assert not tma_policy.layout_ok(k_off) and not tma_policy.use_tma(k_off, v)
     # one unaligned operand of a kernel (here q of the forward) and none of them uses descriptors
-    assert not ops._use_tma(k_off, q, v) and ops._use_tma(q, k, v)
+    assert not tma_policy.use_tma(k_off, q, v) and tma_policy.use_tma(q, k, v)
     # head dim 20 in fp16: rows 40 bytes apart
     q20, k20, v20, _ = make_inputs(1, 2, 1, 50, 20, torch.float16, device)
-    assert not ops._use_tma(k20, v20)
+    assert not tma_policy.use_tma(k20, v20)
     for args in ((q, k_off, v), (q20, k20, v20)):
         out = msa.attention(*args, "window=9,sink=2")
         ref = msa.reference_attention(*args, "window=9,sink=2")
@@ -240,15 +236,13 @@ def test_scratch_backward(pattern, tma, device, monkeypatch):
     pointers) and dq reads them: one product a block. Against the reference with GQA, a padded
     head dim, fp16 and a transposed layout; keys below the prefix and past the sequence share
     tiles with the band's keys (the sink and odd lengths)."""
-    import msa_codegen.ops as ops
-
-    if tma and device == "cuda" and not ops._has_tma(torch.cuda.current_device()):
+    if tma and device == "cuda" and not tma_policy.device_has_tma(torch.cuda.current_device()):
         pytest.skip("no TMA before Hopper")
-    monkeypatch.setattr(ops, "USE_TMA", tma)
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", str(1 << 30))
     seen = spy_scratch(monkeypatch)
-    check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
-    check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
+    with tma_policy.use_descriptors(tma):
+        check_attention(pattern, hq=4, hkv=2, n=131, d=24, dtype=torch.float16, device=device)
+        check_attention(pattern, hq=4, hkv=4, n=97, d=32, device=device, layout="bnhd")
     assert seen and all(s is not None for s in seen)
 
 
@@ -270,15 +264,13 @@ def test_scratch_backward_block_shapes(pattern, cfg, device, monkeypatch):
 def test_scratch_backward_chunks_heads_and_falls_back(device, monkeypatch):
     """A limit of two KV heads' tiles: chunks of whole KV heads, each its own dk/dv and dq
     launches; below one KV head's tiles, and with the limit 0 (the default), dq recomputes."""
-    import msa_codegen.ops as ops
     from msa_codegen.pattern.lowering import lower
+    from msa_codegen.plan import plan_for
 
     b, hq, hkv, n = 2, 6, 3, 100
-    from msa_codegen.config import current_config
-
-    cfg = current_config(torch.device(device), 32, torch.float32)
+    cfg = plan_for("causal", torch.device(device), torch.float32, 32, 1, 1, 0).config
     plan = lower(msa.parse("window=20").groups[0].spec)
-    per_head = ops._seq_tiles(plan, n, cfg.bwd.block_n1, False) * ops._ds_slots(plan, n, cfg.bwd.block_m1, cfg.bwd.block_n1) \
+    per_head = schedule.seq_tiles(plan, n, cfg.bwd.block_n1, False) * schedule.ds_slots(plan, n, cfg.bwd.block_m1, cfg.bwd.block_n1) \
         * cfg.bwd.block_n1 * cfg.bwd.block_m1
     seen = spy_scratch(monkeypatch)
     for limit, want in [(2 * 2 * b * per_head * 4, 4), (2 * b * per_head * 4 - 1, None), (0, None)]:
@@ -301,7 +293,7 @@ def test_scratch_backward_head_groups(device, monkeypatch):
 
 
 def test_scratch_limit_must_be_a_byte_count(monkeypatch):
-    from msa_codegen.config import bwd_scratch_limit
+    from msa_codegen.kernels.schedule import bwd_scratch_limit
 
     monkeypatch.setenv("MSA_BWD_SCRATCH_BYTES", "8GiB")
     with pytest.raises(ValueError, match="integer number of bytes"):
@@ -316,19 +308,18 @@ def test_scratch_limit_must_be_a_byte_count(monkeypatch):
 @pytest.mark.parametrize("causal", [True, False])
 def test_scratch_slots_cover_both_bands(causal):
     """The slot arithmetic of the scratch path, in Python: the dk/dv kernel's W band of every
-    key tile fits the row of ops._ds_slots slots, and every key block of every dq tile's band
+    key tile fits the row of schedule.ds_slots slots, and every key block of every dq tile's band
     finds its tile at a slot that the key tile's band wrote (the kernels' own formulas)."""
     import itertools
 
-    import msa_codegen.ops as ops
     from msa_codegen.pattern.lowering import lower
 
-    cdiv = ops._cdiv
+    cdiv = schedule.cdiv
     for w, dil, n, bm, bn, prefix in itertools.product([1, 5, 16, 40, 100], [1, 3], [1, 33, 200],
                                                        [16, 32, 64], [16, 64], [0, 7]):
         spec = msa.parse(f"causal={str(causal).lower()},window={w},dilation={dil}" + (f",sink={prefix}" if prefix else "")).groups[0].spec
         plan = lower(spec)
-        slots = ops._ds_slots(plan, n, bm, bn)
+        slots = schedule.ds_slots(plan, n, bm, bn)
         for r in range(dil):
             n_r = (n - r + dil - 1) // dil
             own = (max(prefix - r, 0) + dil - 1) // dil

@@ -620,7 +620,7 @@ def test_bench_dynamic_cases_build(name):
 def test_torch_compile_and_opcheck(device):
     """The run-time inputs pass through the custom op: torch.compile (with graph breaks at the
     host-side value checks) gives the eager result, and opcheck accepts the extended schema."""
-    from msa_codegen.ops import attention_fwd_op
+    from msa_codegen.autograd import attention_fwd_op
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 40, 32, generator=g).to(device).requires_grad_()

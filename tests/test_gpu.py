@@ -114,14 +114,14 @@ def test_gpu_pointer_loads_at_the_default_config(d):
     """A layout TMA cannot address (k and v 2 bytes off a 16-byte boundary) takes the pointer
     loads with the same default launch config as the descriptor path: it must fit the GPU and
     stay correct."""
-    import msa_codegen.ops as ops
+    from msa_codegen.kernels import tma as tma_policy
 
     q, _, _, _ = make_inputs(1, 8, 2, 8192, d, torch.bfloat16, "cuda")
 
     def off():
         return torch.randn(2 * 8192 * d + 1, device="cuda").to(torch.bfloat16)[1:].view(1, 2, 8192, d).requires_grad_()
     k, v = off(), off()
-    assert not ops._use_tma(k, v)
+    assert not tma_policy.use_tma(k, v)
     out = msa.attention(q, k, v, "window=1024,sink=16")
     ref = chunked_reference(q, k, v, "window=1024,sink=16", torch.randn_like(out))[0]
     assert rel_err(out, ref) <= FLOOR[torch.bfloat16]

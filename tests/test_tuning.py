@@ -16,13 +16,17 @@ import torch
 
 import msa_codegen as msa
 from msa_codegen.tuning import gpu as gpu_mod
-from msa_codegen.tuning import bucket, clear_cache, resolve
+from msa_codegen.tuning.keys import bucket
+from msa_codegen.tuning.lookup import lookup_for_gpu, reload
 from msa_codegen.tuning import lookup as lookup_mod
 from msa_codegen.tuning.database import SchemaError, TuningDB
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
-from msa_codegen.tuning.keys import TuningKey, template_hash, triton_version
-from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, default_config, lookup_config
+from msa_codegen.tuning.keys import TuningKey, triton_version
+from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig
+from msa_codegen.heuristics import default_config
+from msa_codegen.kernels.render import kernel_hash
+from msa_codegen.plan import plan_for
 from msa_codegen.tuning import space
 from msa_codegen.tuning.measure import Problem
 from msa_codegen.tuning.search import tune
@@ -41,15 +45,15 @@ def tmp_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MSA_CODEGEN_HOME", str(home))
     monkeypatch.setenv("MSA_CODEGEN_SHIPPED_DB", str(tmp_path / "shipped.db"))
     monkeypatch.setenv("MSA_CODEGEN_DB_TIMEOUT", "0.2")
-    clear_cache(warnings_too=True)
+    reload(warnings_too=True)
     yield home
-    clear_cache(warnings_too=True)
+    reload(warnings_too=True)
 
 
 def row(gpu="h200", capability="9.0", direction="fwd", bucket_=131072, config=None, **kw):
     base = dict(gpu=gpu, capability=capability, pattern=PATTERN, direction=direction, dtype="bfloat16",
                 head_dim=128, gqa_group=1, bucket=bucket_, triton_version=triton_version(),
-                template_hash=template_hash(PATTERN), config=dict(config or (FWD if direction == "fwd" else BWD)),
+                template_hash=kernel_hash(PATTERN), config=dict(config or (FWD if direction == "fwd" else BWD)),
                 median_ms=1.0, spread_ms=0.01, tflops=100.0, default_ms=1.2, trials=10, batch=1, heads=16,
                 kv_heads=16, seqlen=bucket_, library_version=msa.__version__,
                 created_at=datetime.datetime(2026, 12, 1), provenance="hand-made for a test")
@@ -61,10 +65,17 @@ def put(path, *rows):
     with TuningDB(path) as db:
         for r in rows:
             db.put(r)
+    reload()   # written outside the tuner: how this process sees the rows
+
+
+def call_config(seqlen):
+    """(config, source) of an attention call on the CPU (PATTERN, fp32, D=16, GQA group 2): its plan's."""
+    plan = plan_for(PATTERN, torch.device("cpu"), torch.float32, 16, 2, 1, seqlen)
+    return plan.config, plan.source
 
 
 def which(gpu="h200", cap="9.0", seqlen=131072, **kw):
-    return resolve(gpu, cap, PATTERN, 128, "bfloat16", 1, seqlen, cuda=True, **kw)
+    return lookup_for_gpu(gpu, cap, PATTERN, 128, "bfloat16", 1, seqlen, cuda=True, **kw)
 
 
 # ---- keys -------------------------------------------------------------------------------------
@@ -165,7 +176,7 @@ def test_narrow_band_forward_default():
     """Windows whose band is below NARROW_BAND keys run the Hopper forward in 64 x 64 tiles; wide
     windows, dense patterns, global rows, random or top-k blocks and mixed groups keep 128 x 128,
     and GPUs without TMA their own default."""
-    from msa_codegen.config import narrow_band
+    from msa_codegen.heuristics import narrow_band
 
     assert narrow_band("causal=false,window=512") and narrow_band("window=1024,sink=64")
     for p in ("window=4096", "causal=false,window=1024", "causal", "causal=false,global=3,window=7",
@@ -192,14 +203,14 @@ def test_lookup_order(tmp_home, tmp_path):
 
     # the shipped database (opened read-only)
     put(shipped, row(config={**FWD, "num_stages": 3}))
-    clear_cache()
+    reload()
     res = which()
     assert res.fwd.source.startswith(f"shipped db {shipped}") and "h200, bucket 131072" in res.fwd.source
     assert res.fwd.config == FwdConfig(**{**FWD, "num_stages": 3})
     assert res.bwd.source == "heuristic default" and res.bwd.config == heuristic.bwd
     assert res.source == f"fwd: {res.fwd.source}; bwd: heuristic default"
 
-    # the user database first (no clear_cache: a changed file is seen by its stamp)
+    # the user database first (put() calls reload(): a changed file is read again after it)
     put(user, row(), row(direction="bwd"))
     res = which()
     assert res.fwd.source == f"user db {user} (h200, bucket 131072)" == res.source
@@ -226,14 +237,14 @@ def test_lookup_order(tmp_home, tmp_path):
 
 
 def test_lookup_config_and_explain_are_wired(tmp_home):
-    """attention's path (config.lookup_config) and explain() read the same lookup."""
+    """attention's path (its plan, plan.plan_for) and explain() read the same lookup."""
     q = torch.randn(1, 2, 40, 16)
     k = torch.randn(1, 1, 40, 16)
-    cfg, source = lookup_config(torch.device("cpu"), PATTERN, 16, torch.float32, 2, 40)
+    cfg, source = call_config(40)
     assert source == "heuristic default" and cfg == default_config(torch.device("cpu"), 16, torch.float32)
     put(tmp_home / "tuning.db", row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16,
                                     gqa_group=2, bucket_=1024, config={**FWD, "block_m": 16, "num_stages": 1}))
-    cfg, source = lookup_config(torch.device("cpu"), PATTERN, 16, torch.float32, 2, 40)
+    cfg, source = call_config(40)
     assert source == f"fwd: user db {tmp_home / 'tuning.db'} (cpu-interpreter, bucket 1024); bwd: heuristic default"
     assert cfg.fwd.block_m == 16
     ex = msa.explain(q, k, k, PATTERN)
@@ -269,7 +280,7 @@ def test_stale_and_invalid_rows_are_skipped(tmp_home):
                    WHERE bucket = 4096""")
     con.commit()
     con.close()
-    clear_cache()
+    reload()
     assert which().source == "heuristic default"
     assert which(seqlen=4096).source == "heuristic default"
 
@@ -289,7 +300,7 @@ def _warnings_of(fn, times=2):
         warnings.simplefilter("always")
         for _ in range(times):
             fn()
-            clear_cache()   # look again: the warning must still come only once
+            reload()   # look again: the warning must still come only once
     return [w for w in caught if issubclass(w.category, RuntimeWarning) and "tuning database" in str(w.message)]
 
 
@@ -300,7 +311,7 @@ def test_damaged_db(tmp_home):
     caught = _warnings_of(_attention_still_runs)
     assert len(caught) == 1
     assert str(path) in str(caught[0].message) and "damaged" in str(caught[0].message)
-    assert lookup_config(torch.device("cpu"), PATTERN, 16, torch.float32, 2, 40)[1] == "heuristic default"
+    assert call_config(40)[1] == "heuristic default"
 
 
 def test_foreign_db(tmp_home):
@@ -336,17 +347,17 @@ def test_locked_db(tmp_home):
     # WAL: a writer holding its transaction does not block lookups (readers never wait)
     other.execute("BEGIN EXCLUSIVE")
     assert _warnings_of(_attention_still_runs, times=1) == []
-    assert lookup_config(torch.device("cpu"), PATTERN, 16, torch.float32, 2, 40)[1].startswith("fwd: user db")
+    assert call_config(40)[1].startswith("fwd: user db")
     other.execute("ROLLBACK")
     # a rollback-journal file under an exclusive transaction blocks everyone: reported, bypassed
     other.execute("PRAGMA journal_mode = DELETE")
     other.execute("BEGIN EXCLUSIVE")
     other.execute("DELETE FROM msa_tuning")
     try:
-        clear_cache()
+        reload()
         caught = _warnings_of(_attention_still_runs)
         assert len(caught) == 1 and "locked" in str(caught[0].message)
-        assert lookup_config(torch.device("cpu"), PATTERN, 16, torch.float32, 2, 40)[1] == "heuristic default"
+        assert call_config(40)[1] == "heuristic default"
     finally:
         other.execute("ROLLBACK")
         other.close()
@@ -403,7 +414,7 @@ def test_tune_store_load(tmp_home):
     assert rows["fwd"]["config"] == results["fwd"].config and rows["bwd"]["config"] == results["bwd"].config
     assert "NOT meaningful" in rows["fwd"]["provenance"] and rows["fwd"]["bucket"] == 1024
     # what attention will run: the stored rows, from the user database
-    cfg, source = lookup_config(torch.device("cpu"), PATTERN, 16, torch.float32, 2, 48)
+    cfg, source = call_config(48)
     assert source == f"user db {db} (cpu-interpreter, bucket 1024)"
     assert cfg == LaunchConfig(FwdConfig(**rows["fwd"]["config"]), BwdConfig(**rows["bwd"]["config"]))
     # and it runs correctly with them, forward and backward
@@ -426,7 +437,7 @@ def test_failures_are_pruned_and_wrong_configs_never_win(tmp_home, monkeypatch):
     real = msa.attention
 
     def flaky(q, k, v, pattern="causal", **kw):
-        cfg = msa.config._override
+        cfg = msa.config.override()
         if cfg is not None and cfg.fwd.block_n == 16:
             raise RuntimeError("out of resources: shared memory (simulated)")
         out = real(q, k, v, pattern, **kw)
@@ -434,7 +445,7 @@ def test_failures_are_pruned_and_wrong_configs_never_win(tmp_home, monkeypatch):
             return (out[0] + 1.0, out[1]) if isinstance(out, tuple) else out + 1.0
         return out
 
-    monkeypatch.setattr(msa, "attention", flaky)
+    monkeypatch.setattr(msa.api, "attention", flaky)   # what the tuner's measurements call
     db = tmp_home / "tuning.db"
     res = tune(_problem(), "fwd", _key("fwd"), db, trials=4, progress=False)
     assert res is not None
@@ -454,13 +465,13 @@ def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern(monkeypatch):
     from msa_codegen.kernels import render as codegen
 
     # same kernels (canonical spellings of one pattern) -> same key; other kernels -> another
-    assert template_hash("window=8,dilation=2") == template_hash("dilation=2,window=8,causal")
-    assert len({template_hash(p) for p in ("window=8,dilation=2", "window=16", "causal", "causal=false",
+    assert kernel_hash("window=8,dilation=2") == kernel_hash("dilation=2,window=8,causal")
+    assert len({kernel_hash(p) for p in ("window=8,dilation=2", "window=16", "causal", "causal=false",
                                             "window=8,sink=4", "0-1:window=8;2-3:causal")}) == 6
     # the header line (template hash, library version) is not part of it: a change of the
     # templates that leaves a pattern's kernels alone keeps its rows
     before = codegen.kernel_hash.__wrapped__("window=8,dilation=2")
-    monkeypatch.setattr(codegen, "template_hash", lambda: "another-template")
+    monkeypatch.setattr(codegen, "templates_digest", lambda: "another-template")
     assert "another-template" in codegen.render(lower(parse("window=8,dilation=2").groups[0].spec), "fwd")
     assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") == before
 
@@ -623,5 +634,5 @@ def test_shipped_rows_are_for_the_current_kernels():
     (the README describes the shipped rows as current)."""
     with TuningDB(lookup_mod.SHIPPED_DB, mode="ro") as db:
         rows = db.rows()
-    stale = [(r["pattern"], r["direction"]) for r in rows if r["template_hash"] != template_hash(r["pattern"])]
+    stale = [(r["pattern"], r["direction"]) for r in rows if r["template_hash"] != kernel_hash(r["pattern"])]
     assert not stale, f"shipped rows measured on other kernels: {stale}"

@@ -120,11 +120,13 @@ def run(args) -> int:
         raise RuntimeError("no CUDA GPU and TRITON_INTERPRET is not set (msa-tune sets it itself when run as "
                            "a command)")
 
-    from .. import parse
-    from ..tuning import TuningKey, bucket, user_db_path
-    from ..tuning.keys import torch_dtype
-    from ..tuning.database import open_db
+    # imported here, after the interpreter was chosen (relaunch_in_interpreter): importing the
+    # package imports triton
     from ..pattern.lowering import MAX_SEQLEN
+    from ..pattern.spec import parse
+    from ..tuning.database import open_db
+    from ..tuning.keys import TuningKey, bucket, torch_dtype
+    from ..tuning.lookup import user_db_path
 
     name, cap, _ = _target(args.gpu)
     pat = parse(args.pattern)                      # PatternError: one line
@@ -242,12 +244,12 @@ def main(argv=None) -> int:
 def error_line(e: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) of an error that ends a command."""
     from ..tuning.database import DatabaseUnusable, SchemaError
-    from ..tuning.lookup import _describe_failure
+    from ..tuning.database import describe_failure
 
     if isinstance(e, DatabaseUnusable):
         return 1, " ".join(str(e).split())
     if getattr(e, "orig", None) is not None or type(e).__module__.startswith(("sqlalchemy", "sqlite3")):
-        return 1, "tuning database: " + " ".join(_describe_failure(e).split())
+        return 1, "tuning database: " + " ".join(describe_failure(e).split())
     msg = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, FileNotFoundError) and e.filename:
         return 2, f"no such file: {e.filename}"

@@ -1,9 +1,12 @@
-"""Templates -> Triton source on disk -> loaded module.
+"""Templates -> Triton source on disk -> loaded module; the kernel hash of tuning rows.
 
-A plan renders one forward and one backward source. Each file is named by a hash of what
-shaped it (plan, template sources, library version), carries the SHA-256 of its body in its
-first line, and is written atomically; a file whose digest does not match (corrupt, half
-written, edited) is rendered again. Loaded modules are kept in memory per (plan, direction).
+A KernelPlan renders one forward and one backward source from ``msa_codegen/templates/``. Each
+file is named by a hash of what shaped it (plan, ``templates_digest()``: the template sources
+and library version), carries the SHA-256 of its body in its first line, and is written
+atomically; a file whose digest does not match (corrupt, half written, edited) is rendered
+again. Loaded modules are kept in memory per (plan, direction, interpreter).
+
+``kernel_hash(pattern)`` keys the tuning rows: a hash of the pattern's rendered kernels.
 """
 from __future__ import annotations
 
@@ -17,10 +20,15 @@ import threading
 from pathlib import Path
 
 import jinja2
+import triton
+import triton.language as tl
 
-from .. import __version__
-from ..pattern.lowering import KernelPlan
+from ..pattern.lowering import KernelPlan, lower
+from ..pattern.spec import parse
+from ..version import __version__
 
+# the templates stay at msa_codegen/templates/: their first line names that path in every
+# generated file (template content, not this module's to change)
 TEMPLATE_DIR = Path(__file__).parent.parent / "templates"
 DIRECTIONS = ("fwd", "bwd")
 _DIGEST_PREFIX = "# msa-codegen-digest: "
@@ -46,8 +54,9 @@ def _env() -> jinja2.Environment:
 
 
 @functools.lru_cache(maxsize=1)
-def template_hash() -> str:
-    """Hash of every template source and the library version."""
+def templates_digest() -> str:
+    """Hash of every template source and the library version: part of the kernel files' names
+    and of their header line."""
     h = hashlib.sha256(__version__.encode())
     for path in sorted(TEMPLATE_DIR.glob("*.jinja")):
         h.update(path.name.encode())
@@ -61,11 +70,9 @@ def kernel_hash(pattern: str) -> str:
 
     The key of tuning rows: a row stays valid while the kernels it was measured on are the
     same text, whatever else changes in the templates (the first line, which names the
-    template hash and library version, is left out).
+    template hash and library version, is left out). Any spelling of a pattern gives its
+    canonical form's hash.
     """
-    from ..pattern.lowering import lower
-    from ..pattern.spec import parse
-
     h = hashlib.sha256(b"msa-codegen kernels v1")
     for g in parse(pattern).groups:
         plan = lower(g.spec)
@@ -78,12 +85,12 @@ def render(plan: KernelPlan, direction: str) -> str:
     """The Triton source of one direction ('fwd' or 'bwd') of a plan."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    meta = {"template_hash": template_hash(), "version": __version__}
+    meta = {"template_hash": templates_digest(), "version": __version__}
     return _env().get_template(f"{direction}.py.jinja").render(plan=plan, meta=meta)
 
 
 def _file_for(plan: KernelPlan, direction: str) -> Path:
-    key = hashlib.sha256(f"{plan.key()}/{direction}/{template_hash()}".encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{plan.key()}/{direction}/{templates_digest()}".encode()).hexdigest()[:20]
     return home() / "kernels" / f"msa_{direction}_{key}.py"
 
 
@@ -143,9 +150,6 @@ def interpreter_compat() -> bool:
     builtins see it. Applied once, only while interpreting and only on Triton before 3.9; True
     when it was applied.
     """
-    import triton
-    import triton.language as tl
-
     if not interpreting() or _version(triton.__version__) >= (3, 9):
         return False
 
@@ -170,6 +174,13 @@ def _version(text: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in p if ch.isdigit())
         parts.append(int(digits or 0))
     return tuple(parts)
+
+
+def loaded_modules() -> dict:
+    """A copy of the loaded kernel modules, keyed by (KernelPlan, direction, interpreter): tests
+    compare it before and after calls to see that nothing was loaded again."""
+    with _lock:
+        return dict(_modules)
 
 
 def load(plan: KernelPlan, direction: str):

@@ -15,7 +15,7 @@ that no pair is counted twice:
      term already covers; duplicates within a table row are removed before the launch
 The key-centric kernel (dk, dv) runs the transposes of the same phases with the same owners.
 
-With run-time positions (``positional``: cu_seqlens, q_pos/k_pos, buckets; see dynamic.py) the
+With run-time positions (``positional``: cu_seqlens, q_pos/k_pos, buckets; see sparsity/inputs.py) the
 kernels come from the _pos_* templates: tiles are plain row ranges, a tile's key (query) range
 is found by a 64-ary search over the sorted (segment, position) keys of the rows, and the
 phases are P (the sink/global columns of the tile's first segment), W (one contiguous range
@@ -65,7 +65,7 @@ class KernelPlan:
     @property
     def ds_capable(self) -> bool:
         """The backward may pass the window band's dS from the dk/dv kernel to the dq kernel
-        through a scratch buffer (ops.py) instead of recomputing it: plain kernels of a banded
+        through a scratch buffer (kernels/launch.py) instead of recomputing it: plain kernels of a banded
         window, no global rows, random or top-k blocks (the band then covers every pair both
         kernels' W phases hold)."""
         return (self.has_window and not self.dense and not self.glob and not self.random

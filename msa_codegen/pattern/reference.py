@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .spec import Pattern, Spec, parse
-from ..sparsity.inputs import Dynamic, resolve
+from ..sparsity.inputs import Dynamic, normalize
 from ..sparsity.tables import random_block_mask
 
 
@@ -115,7 +115,7 @@ def mask(pattern: str | Pattern, seqlen: int | None, num_heads: int = 1, device=
                 [0, 0, 0, 1, 0, 1]], dtype=torch.int32)
 
     With any run-time input (``cu_seqlens``, ``q_pos``/``k_pos``, ``q_bucket``/``k_bucket``,
-    ``block_indices``; see ``msa_codegen.attention`` and dynamic.py) the mask is
+    ``block_indices``; see ``msa_codegen.attention`` and sparsity/inputs.py) the mask is
     ``(B, num_heads, Nq, Nk)``: ``B`` is ``batch`` or taken from the inputs (1 when they have no
     batch dimension), Nq and Nk from the positions (``seqlen`` may then be None),
     ``num_kv_heads`` (default: from the key-side inputs, else ``num_heads``) maps query heads to
@@ -160,7 +160,7 @@ def mask(pattern: str | Pattern, seqlen: int | None, num_heads: int = 1, device=
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     dev = torch.device(device)
-    dyn = resolve(groups, batch, num_heads, num_kv_heads, nq, nk, None, **kw)
+    dyn = normalize(groups, batch, num_heads, num_kv_heads, nq, nk, None, **kw)
     out = torch.empty(batch, num_heads, nq, nk, dtype=torch.bool, device=dev)
     for h0, h1, spec in groups:
         out[:, h0:h1] = dynamic_spec_mask(spec, dyn, h0, h1, num_heads // num_kv_heads, dev)

@@ -159,7 +159,7 @@ def _row_pair(what: str, q_rows, k_rows, limit: int, b, hq, hkv, nq, nk, device)
     return tuple(out)
 
 
-def resolve(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *, cu_seqlens=None,
+def normalize(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *, cu_seqlens=None,
             q_pos=None, k_pos=None, q_bucket=None, k_bucket=None, block_indices=None) -> Dynamic:
     """Validate the run-time inputs against the shapes and the pattern's head groups.
 
@@ -267,14 +267,14 @@ def check_sorted(dyn: Dynamic) -> None:
 
 
 def prepare(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device, **inputs) -> Dynamic:
-    """``resolve`` + ``check_sorted`` for the kernels, each check remembered per tensor version.
+    """``normalize`` + ``check_sorted`` for the kernels, each check remembered per tensor version.
 
     The first call with a set of tensors pays the host syncs; later calls with the same,
     unmodified tensors (every layer of a step) skip them. Never used by the dense oracle.
     """
     CHECKED.enabled = True
     try:
-        dyn = resolve(groups, b, hq, hkv, nq, nk, device, **inputs)
+        dyn = normalize(groups, b, hq, hkv, nq, nk, device, **inputs)
         check_sorted(dyn)
     finally:
         CHECKED.enabled = False

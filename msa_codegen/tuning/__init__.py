@@ -1,15 +1,24 @@
-"""The tuning database and the run-time lookup of launch configurations.
+"""The tuning database, its lookup, and the tuner.
 
-    keys.py     what a row is keyed by (bucket, versions); no SQLAlchemy
-    models.py   the SQLAlchemy ORM models (msa_schema, msa_tuning)
-    database.py engines (WAL, busy timeout), schema check / migration, TuningDB
-    lookup.py   user db -> shipped db -> same capability -> nearest bucket -> heuristic, cached
+    lookup.py      the one question the core asks: ``lookup.lookup(device, pattern, ...)`` -> configs and
+                   sources (user db -> shipped db -> same capability -> nearest bucket -> heuristic);
+                   ``reload()`` after a database changed
+    keys.py        what a row is keyed by (bucket, versions, kernel hash); no SQLAlchemy
+    models.py      the SQLAlchemy ORM models (msa_schema, msa_tuning)
+    database.py    engines (WAL, busy timeout), schema check and migrations, TuningDB
+    gpu.py         GPU names as rows key them
+    space.py       the knobs per direction, the search space and the prune filter
+    measure.py     a problem's inputs, the correctness check and the timing of a candidate
+    search.py      the Optuna study per key (shared through the database file) and the winner
+    precompile.py  candidates compiled in worker processes before they are timed
+    grid.py        the shipped grid (``python -m msa_codegen.tuner.grid``)
+    auto.py        ``attention(..., autotune=True)``
 
-SQLAlchemy is imported only when a database file is opened.
+This package sits above the core: it imports the core, the core imports only ``lookup``.
+SQLAlchemy is imported only when a database file is opened; Optuna only when tuning starts.
+Importing the package itself loads only ``lookup`` (and what it needs).
 """
-from .keys import DIRECTIONS, TuningKey, bucket, dtype_name
-from .lookup import (HEURISTIC, Choice, Resolution, clear_cache, explain, resolve, resolve_for_device,
-                     shipped_db_path, user_db_path)
+from . import lookup
+from .lookup import reload
 
-__all__ = ["DIRECTIONS", "TuningKey", "bucket", "dtype_name", "HEURISTIC", "Choice", "Resolution", "clear_cache",
-           "explain", "resolve", "resolve_for_device", "shipped_db_path", "user_db_path"]
+__all__ = ["lookup", "reload"]

@@ -21,6 +21,13 @@ import warnings
 
 import torch
 
+from .. import api
+from .. import config as _config
+from .keys import TuningKey
+from .lookup import lookup, reload, user_db_path
+from .measure import representative_problem
+from .search import tune
+
 AUTOTUNE_TRIALS = 12
 
 _attempted: set[tuple] = set()
@@ -39,19 +46,15 @@ def _missing(res) -> list[str]:
 def ensure_tuned(q: torch.Tensor, k: torch.Tensor, pattern: str, *, trials: int | None = None) -> list:
     """Tune the missing directions of this call's key (once per process). Returns the
     ``TuneResult`` of each direction tuned now (empty when nothing was missing or tried)."""
-    from .. import config as _config
-    from .keys import TuningKey
-    from .lookup import clear_cache, resolve_for_device, user_db_path
-
     trials = AUTOTUNE_TRIALS if trials is None else trials
-    if _config._override is not None:
+    if _config.override() is not None:
         return []   # use_config(...) decides; nothing to tune
     if torch.compiler.is_compiling():
         _warn_compiling()
         return []
     b, hq, n, d = q.shape
     hkv = k.shape[1]
-    res = resolve_for_device(q.device, pattern, d, q.dtype, hq // hkv, n)
+    res = lookup(q.device, pattern, d, q.dtype, hq // hkv, n)
     missing = _missing(res)
     if not missing:
         return []
@@ -60,9 +63,6 @@ def ensure_tuned(q: torch.Tensor, k: torch.Tensor, pattern: str, *, trials: int 
         if ident in _attempted:
             return []
         _attempted.add(ident)
-        from .search import tune
-        from .measure import representative_problem
-
         cuda = q.device.type == "cuda"
         problem = representative_problem(res.pattern, hq, hkv, n, d, q.dtype, cuda)
         db = user_db_path()
@@ -86,7 +86,7 @@ def ensure_tuned(q: torch.Tensor, k: torch.Tensor, pattern: str, *, trials: int 
             print(f"msa_codegen: autotune: {direction} {r.config} {r.median_ms:.4g} ms"
                   + (f" ({r.speedup:.2f}x the default)" if r.speedup else ""), file=sys.stderr, flush=True)
             results.append(r)
-        clear_cache()
+        reload()
         return results
 
 
@@ -106,3 +106,6 @@ def forget_attempts() -> None:
     """Let every key be tried again (tests)."""
     with _lock:
         _attempted.clear()
+
+
+api.install_autotuner(ensure_tuned)

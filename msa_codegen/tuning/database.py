@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from .keys import DIRECTIONS, DTYPE_NAMES
+from .keys import DIRECTIONS, DTYPE_NAMES, config_from_row, is_current
 from .models import APP, KEY_COLUMNS, SCHEMA_VERSION, VALUE_COLUMNS, Base, SchemaInfo, TuningRow
 
 EXPORT_FORMAT = "msa-codegen-tuning"
@@ -56,12 +56,23 @@ def open_db(path, **kw) -> "TuningDB":
     except (SchemaError, FileNotFoundError, PermissionError):
         raise
     except Exception as e:
-        from .lookup import _describe_failure
-
         if getattr(e, "orig", None) is None and not type(e).__module__.startswith(("sqlalchemy", "sqlite3")):
             raise
-        raise DatabaseUnusable(f"tuning database {Path(path).expanduser().absolute()} is {_describe_failure(e)}") \
+        raise DatabaseUnusable(f"tuning database {Path(path).expanduser().absolute()} is {describe_failure(e)}") \
             from None
+
+
+def describe_failure(exc: BaseException) -> str:
+    """Why a database could not be used, in a few words (locked, damaged, unreadable, the schema)."""
+    if isinstance(exc, SchemaError):
+        return str(exc)
+    msg = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = msg.lower()
+    if "locked" in low or "busy" in low:
+        return f"locked by another process ({msg})"
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return f"damaged: not a readable SQLite database ({msg})"
+    return f"unreadable ({type(exc).__name__}: {msg})"
 
 
 # version v -> function upgrading a connection (inside the open transaction) from v to v + 1.
@@ -224,9 +235,7 @@ def validate_row(d: dict, where: str = "row") -> dict:
     if d["dtype"] not in DTYPE_NAMES:
         raise ValueError(f"{where}: dtype must be one of {DTYPE_NAMES}, got {d['dtype']!r}")
     out["dtype"] = d["dtype"]
-    from .lookup import config_from_row   # the config must build a FwdConfig / BwdConfig
-
-    try:
+    try:   # the config must build a FwdConfig / BwdConfig
         config_from_row(d["direction"], d["config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: config {d['config']!r} is not a valid {d['direction']} config: {e}") from None
@@ -368,8 +377,6 @@ class TuningDB:
             return 0
         stmt = delete(TuningRow)
         if stale_only:
-            from .keys import is_current
-
             with Session(self.engine) as s:
                 keys = s.execute(select(TuningRow.id, TuningRow.pattern, TuningRow.triton_version,
                                         TuningRow.template_hash)).all()

@@ -28,7 +28,12 @@ from pathlib import Path
 
 import torch
 
-from .keys import DIRECTIONS, TuningKey, torch_dtype
+from ..bench import CASES
+from ..pattern.spec import parse
+from . import gpu as _gpu
+from .keys import DIRECTIONS, TuningKey, bucket, torch_dtype
+from .measure import representative_problem
+from .search import tune
 
 WINDOWS = (4096, 1024, 16384)
 DILATIONS = (1, 2, 4)
@@ -61,7 +66,6 @@ class Entry:
 
 
 def grid_pattern(window: int, dilation: int, sink: int, causal: bool) -> str:
-    from ..pattern.spec import parse
 
     terms = [] if causal else ["causal=false"]
     terms.append(f"window={window}")
@@ -74,8 +78,6 @@ def grid_pattern(window: int, dilation: int, sink: int, causal: bool) -> str:
 
 def bench_entries() -> list[Entry]:
     """The shapes of msa-bench's cases (their keys), first."""
-    from ..bench import CASES
-    from ..pattern.spec import parse
 
     out = []
     for c in CASES:
@@ -89,7 +91,6 @@ def keys() -> list[Entry]:
     seen, out = set(), []
 
     def add(e: Entry):
-        from .keys import bucket
 
         ident = (e.pattern, bucket(e.seqlen), e.head_dim, e.dtype, e.group)
         if ident not in seen:
@@ -123,16 +124,13 @@ def _missing(db_path: Path, keys_: dict[str, TuningKey]) -> list[str]:
 
 def export_rows(src: Path, dst: Path) -> int:
     """A fresh database at ``dst`` fit to ship: the tuning rows of ``src`` only (no Optuna
-    studies), rollback-journal mode (``cache.db.write_shipped_copy``)."""
+    studies), rollback-journal mode (``database.write_shipped_copy``)."""
     from .database import write_shipped_copy
 
     return write_shipped_copy(src, dst)
 
 
 def run(db_path: Path, shard: tuple[int, int], budget_s: float, trials: dict[str, int], limit: int | None) -> int:
-    from . import gpu as _gpu
-    from .search import tune
-    from .measure import representative_problem
 
     if not torch.cuda.is_available():
         print("msa_codegen.tuner.grid: the shipped grid is measured on a GPU; none here", file=sys.stderr)

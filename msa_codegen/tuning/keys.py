@@ -1,7 +1,7 @@
 """What a tuning row is keyed by, and the versions of what is running now.
 
-Kept free of SQLAlchemy so that the hot path (``attention`` -> ``lookup_config``) imports it
-cheaply; the database layer is imported only when a database file exists.
+Kept free of SQLAlchemy: ``lookup`` imports it, and the database layer is imported only when
+a database file exists. A row's kernel hash is ``kernels.render.kernel_hash`` of its pattern.
 """
 from __future__ import annotations
 
@@ -9,21 +9,22 @@ import dataclasses
 import functools
 
 import torch
+import triton
+
+from ..config import BwdConfig, FwdConfig, length_bucket
+from ..kernels.render import kernel_hash
+from ..pattern.spec import parse
+from ..version import __version__
 
 DIRECTIONS = ("fwd", "bwd")
-MIN_BUCKET = 1024
 
 # dtype names as stored (torch's names without the "torch." prefix), and the short CLI spelling
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPE_NAMES = tuple(DTYPES.values())
 
 
-def bucket(seqlen: int) -> int:
-    """The sequence-length bucket of a length: the power of two >= it, at least 1024."""
-    n = int(seqlen)
-    if n < 1:
-        raise ValueError(f"sequence length must be >= 1, got {seqlen}")
-    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+#: The sequence-length bucket of a length: the power of two >= it, at least 1024
+bucket = length_bucket
 
 
 def dtype_name(dtype) -> str:
@@ -43,26 +44,12 @@ def torch_dtype(dtype) -> torch.dtype:
 
 
 def canonical_pattern(pattern) -> str:
-    from ..pattern.spec import parse
-
     return str(parse(pattern))
 
 
 @functools.lru_cache(maxsize=1)
 def triton_version() -> str:
-    try:
-        import triton
-    except ImportError:   # pragma: no cover - triton is a dependency
-        return "none"
     return str(triton.__version__)
-
-
-def template_hash(pattern) -> str:
-    """The kernel hash of a pattern (``codegen.kernel_hash``): rows are keyed by the very
-    kernel sources they were measured on."""
-    from ..kernels.render import kernel_hash
-
-    return kernel_hash(canonical_pattern(pattern))
 
 
 def is_current(pattern: str, triton: str, kernels: str) -> bool:
@@ -71,14 +58,12 @@ def is_current(pattern: str, triton: str, kernels: str) -> bool:
     if triton != triton_version():
         return False
     try:
-        return kernels == template_hash(pattern)
+        return kernels == kernel_hash(pattern)
     except ValueError:
         return False
 
 
 def library_version() -> str:
-    from .. import __version__
-
     return __version__
 
 
@@ -108,7 +93,7 @@ class TuningKey:
                 seqlen: int) -> "TuningKey":
         """The key of a problem on this installation (running Triton and templates)."""
         return cls(gpu, capability, canonical_pattern(pattern), direction, dtype_name(dtype), int(head_dim),
-                   int(gqa_group), bucket(seqlen), triton_version(), template_hash(pattern))
+                   int(gqa_group), bucket(seqlen), triton_version(), kernel_hash(pattern))
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -121,3 +106,21 @@ class TuningKey:
 
 
 KEY_FIELDS = tuple(f.name for f in dataclasses.fields(TuningKey))
+
+
+def config_from_row(direction: str, values) -> FwdConfig | BwdConfig:
+    """The FwdConfig / BwdConfig of a stored ``config`` dict (TypeError / ValueError if invalid)."""
+    if not isinstance(values, dict):
+        raise TypeError(f"config must be an object, got {type(values).__name__}")
+    cls = FwdConfig if direction == "fwd" else BwdConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if set(values) != fields:
+        raise ValueError(f"expected the fields {sorted(fields)}, got {sorted(values)}")
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if name.startswith("block_") and v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if name.startswith("block_") and v < 16:
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+    return cls(**values)

@@ -9,12 +9,16 @@ Order, per direction (forward and backward are separate rows):
    database first);
 5. the heuristic default (``config.default_config``).
 
-Only rows of the running Triton version and kernel hash (`codegen.kernel_hash` of the pattern:
-its rendered kernel sources) are considered: a row tuned for
-other kernels never runs. A database that cannot be read (damaged, locked, foreign, newer
-schema) is reported once per path as a ``RuntimeWarning`` and skipped. Results are cached in
-memory, keyed by the question and the files' modification stamps: after the first call of
-a shape, a training step costs a dictionary lookup and two ``stat`` calls, no query.
+Only rows of the running Triton version and kernel hash (``kernels.render.kernel_hash`` of the
+pattern: its rendered kernel sources without comments) are considered: a row tuned for other
+kernels never runs. A database that cannot be read (damaged, locked, foreign, newer schema) is
+reported once per path as a ``RuntimeWarning`` and skipped.
+
+The core asks through ``lookup`` only (``plan.py``, once per call key; ``explain``); it never
+sees the database layer. Answers are kept in memory until ``reload()``: the tuner calls it after
+it writes a row; call it after another process wrote the user database or after changing
+``MSA_CODEGEN_HOME`` / ``MSA_CODEGEN_SHIPPED_DB``. ``reload()`` also empties the plans of calls
+(``plan.clear``), which hold the configurations looked up here. No file is ``stat``-ed per call.
 """
 from __future__ import annotations
 
@@ -28,11 +32,12 @@ from pathlib import Path
 
 import torch
 
-from .. import config as _config
+from .. import heuristics
 from ..config import BwdConfig, FwdConfig, LaunchConfig
+from ..kernels.render import home, kernel_hash
 from . import gpu as _gpu
 from .keys import bucket as _bucket
-from .keys import canonical_pattern, dtype_name, template_hash, triton_version
+from .keys import canonical_pattern, config_from_row, dtype_name, triton_version
 
 SHIPPED_DB = Path(__file__).resolve().parent.parent / "data" / "tuning.db"
 HEURISTIC = "heuristic default"
@@ -51,9 +56,7 @@ def user_db_path(explicit: str | os.PathLike | None = None) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _default_user_db(_home_env, _user_home) -> Path:
-    # every attention call asks: cached per value of the variables home() reads
-    from ..kernels.render import home
-
+    # cached per value of the variables home() reads
     return (home() / "tuning.db").absolute()
 
 
@@ -65,24 +68,6 @@ def shipped_db_path() -> Path:
 @functools.lru_cache(maxsize=8)
 def _shipped(override) -> Path:
     return Path(override).expanduser().absolute() if override else SHIPPED_DB
-
-
-def config_from_row(direction: str, values) -> FwdConfig | BwdConfig:
-    """The FwdConfig / BwdConfig of a stored ``config`` dict (TypeError / ValueError if invalid)."""
-    if not isinstance(values, dict):
-        raise TypeError(f"config must be an object, got {type(values).__name__}")
-    cls = FwdConfig if direction == "fwd" else BwdConfig
-    fields = {f.name for f in dataclasses.fields(cls)}
-    if set(values) != fields:
-        raise ValueError(f"expected the fields {sorted(fields)}, got {sorted(values)}")
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if name.startswith("block_") and v & (v - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-        if name.startswith("block_") and v < 16:
-            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
-    return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,41 +137,15 @@ class Resolution:
 
 # ---- reading the databases -------------------------------------------------------------------
 
-def _stamp(path: Path) -> tuple | None:
-    """What changes when a database file is written: the file's and its WAL's mtime and size."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    try:
-        wal = os.stat(f"{path}-wal")
-        w = (wal.st_mtime_ns, wal.st_size)
-    except OSError:
-        w = None
-    return (st.st_mtime_ns, st.st_size, w)
-
-
-def _describe_failure(exc: BaseException) -> str:
-    from .database import SchemaError
-
-    if isinstance(exc, SchemaError):
-        return str(exc)
-    msg = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    low = msg.lower()
-    if "locked" in low or "busy" in low:
-        return f"locked by another process ({msg})"
-    if "not a database" in low or "malformed" in low or "corrupt" in low:
-        return f"damaged: not a readable SQLite database ({msg})"
-    return f"unreadable ({type(exc).__name__}: {msg})"
-
-
 def _warn_once(path: Path, exc: BaseException) -> None:
     key = str(path)
     with _warn_lock:
         if key in _warned:
             return
         _warned.add(key)
-    warnings.warn(f"msa_codegen: tuning database {path} is {_describe_failure(exc)}; it is bypassed and the next "
+    from .database import describe_failure
+
+    warnings.warn(f"msa_codegen: tuning database {path} is {describe_failure(exc)}; it is bypassed and the next "
                   f"source is used (user db -> shipped db -> same capability -> nearest bucket -> heuristic)",
                   RuntimeWarning, stacklevel=4)
 
@@ -249,15 +208,14 @@ def _choose(direction: str, gpu: str, capability: str, want_bucket: int, dbs: li
 
 
 @functools.lru_cache(maxsize=4096)
-def _resolve_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: str, head_dim: int, group: int,
-                    seqlen: int, user: Path, user_stamp, shipped: Path, shipped_stamp, tv: str, th: str) -> Resolution:
-    del user_stamp, shipped_stamp   # only part of the cache key
+def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: str, head_dim: int, group: int,
+                   seqlen: int, user: Path, shipped: Path, tv: str, kh: str) -> Resolution:
     canon = canonical_pattern(pattern)
     b = _bucket(seqlen)
-    default = _config.default_config(torch.device("cuda" if cuda else "cpu"), head_dim, getattr(torch, dtype),
-                                     capability if cuda else None, canon)
+    default = heuristics.default_config(torch.device("cuda" if cuda else "cpu"), head_dim, getattr(torch, dtype),
+                                        capability if cuda else None, canon)
     query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
-                 triton_version=tv, template_hash=th)
+                 triton_version=tv, template_hash=kh)
     dbs = []
     for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
         rows = _read_rows(path, mode, query)
@@ -268,52 +226,45 @@ def _resolve_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: 
                       _choose("bwd", gpu, capability, b, dbs, default.bwd))
 
 
-def resolve(gpu: str, capability: str, pattern, head_dim: int, dtype, group: int, seqlen: int, *,
-            cuda: bool | None = None, db: str | os.PathLike | None = None) -> Resolution:
+def lookup_for_gpu(gpu: str, capability: str, pattern, head_dim: int, dtype, group: int, seqlen: int, *,
+                   cuda: bool | None = None, db: str | os.PathLike | None = None) -> Resolution:
     """The configuration per direction for a problem on a named GPU, and where it came from.
 
     ``cuda`` selects the heuristic family (default: any GPU but ``cpu-interpreter``); ``db``
-    is the user database (default ``$MSA_CODEGEN_HOME/tuning.db``).
+    is the user database (default ``$MSA_CODEGEN_HOME/tuning.db``). Kept until ``reload()``.
     """
     if cuda is None:
         cuda = gpu != _gpu.INTERPRETER
-    user, shipped = user_db_path(db), shipped_db_path()
-    return _resolve_cached(str(gpu), str(capability), bool(cuda), str(pattern), dtype_name(dtype), int(head_dim),
-                           int(group), int(seqlen), user, _stamp(user), shipped, _stamp(shipped),
-                           triton_version(), template_hash(pattern))
+    return _lookup_cached(str(gpu), str(capability), bool(cuda), str(pattern), dtype_name(dtype), int(head_dim),
+                          int(group), int(seqlen), user_db_path(db), shipped_db_path(), triton_version(),
+                          kernel_hash(pattern))
 
 
-def resolve_for_device(device, pattern, head_dim: int, dtype, group: int, seqlen: int) -> Resolution:
+def lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int) -> Resolution:
+    """What a call on ``device`` runs: the one question the core asks of the tuning database.
+
+    Returns a ``Resolution``: ``.fwd`` / ``.bwd`` (``Choice``: ``.config`` and ``.source``),
+    ``.config`` (the ``LaunchConfig``) and ``.source``. Kept until ``reload()``."""
     device = torch.device(device)
     name, cap = _gpu.gpu_of(device)
-    return resolve(name, cap, pattern, head_dim, dtype, group, seqlen, cuda=device.type == "cuda")
+    return lookup_for_gpu(name, cap, pattern, head_dim, dtype, group, seqlen, cuda=device.type == "cuda")
 
 
-def clear_cache(*, warnings_too: bool = False) -> None:
-    """Forget cached lookups (and, with ``warnings_too``, which databases were reported)."""
-    _resolve_cached.cache_clear()
+_reload_listeners: list = []
+
+
+def on_reload(callback) -> None:
+    """Call ``callback()`` at every ``reload()``: how the plans of calls (``plan.clear``), which
+    hold looked-up configurations, learn that they are out of date."""
+    _reload_listeners.append(callback)
+
+
+def reload(*, warnings_too: bool = False) -> None:
+    """Read the databases again at the next lookup: forget every answer (and every call plan that
+    holds one); with ``warnings_too``, also which databases were reported as unusable."""
+    _lookup_cached.cache_clear()
+    for callback in _reload_listeners:
+        callback()
     if warnings_too:
         with _warn_lock:
             _warned.clear()
-
-
-def explain(q, k, v, pattern="causal") -> Resolution:
-    """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
-
-    Returns a ``Resolution``: ``.fwd`` / ``.bwd`` hold ``.config`` and ``.source`` (``"user db
-    PATH (h200, bucket 131072)"``, ``"heuristic default"``, ...); ``str()`` prints it. Inside
-    ``use_config(...)`` the forced configuration is reported. Example::
-
-        >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-dim tensor (B, H, N, D), got {getattr(t, 'shape', type(t))}")
-    hq, hkv = q.shape[1], k.shape[1]
-    if hkv < 1 or hq % hkv:
-        raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
-    res = resolve_for_device(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
-    forced = _config._override
-    if forced is not None:
-        res = dataclasses.replace(res, fwd=Choice(forced.fwd, OVERRIDE), bwd=Choice(forced.bwd, OVERRIDE))
-    return res

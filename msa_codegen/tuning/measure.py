@@ -17,11 +17,14 @@ import time
 
 import torch
 
-from .keys import bucket as _bucket
-from .keys import dtype_name
+from .. import api
+from ..bench import attended_pairs
 from ..config import LaunchConfig, use_config
+from ..pattern.reference import reference_attention
 from ..pattern.reference import relative_error as _rel_err
 from ..pattern.spec import parse
+from .keys import bucket as _bucket
+from .keys import dtype_name
 
 # relative error (norm-wise) above which a candidate's result is wrong: a few times the
 # error of a correct kernel in that dtype; a wrong configuration misses by O(1)
@@ -80,8 +83,6 @@ class Problem:
     def flops(self, direction: str) -> float | None:
         """Effective FLOPs (visible pairs only): 4 * D per pair and head forward, 2.5x that backward.
         None for patterns whose pairs are not counted in closed form (global, random)."""
-        from ..bench import attended_pairs
-
         try:
             pairs = sum(attended_pairs(spec, self.seqlen) * (h1 - h0)
                         for h0, h1, spec in parse(self.pattern).head_groups(self.heads))
@@ -132,8 +133,6 @@ class Bench:
     """Inputs of one problem and direction; ``check`` and ``time`` of candidate configs."""
 
     def __init__(self, problem: Problem, direction: str, *, reps: int | None = None, rep_ms: int = 100):
-        from ..pattern.reference import reference_attention
-
         self.p, self.direction = problem, direction
         self.tolerance = TOLERANCE[problem.dtype]
         self.rep_ms = rep_ms
@@ -158,16 +157,14 @@ class Bench:
     def check(self, cfg: LaunchConfig) -> float:
         """Largest error against the reference (relative norm; LSE absolute). WrongResult above
         the tolerance; compile and launch errors propagate."""
-        from .. import attention
-
         q, k, v, do = self.check_inputs
         with use_config(cfg):
             if self.direction == "fwd":
                 with torch.no_grad():
-                    out, lse = attention(q, k, v, self.p.pattern, return_lse=True)
+                    out, lse = api.attention(q, k, v, self.p.pattern, return_lse=True)
                 errs = {"out": _rel_err(out, self.ref["out"]), "lse": _lse_err(lse, self.ref["lse"])}
             else:
-                out = attention(q, k, v, self.p.pattern)
+                out = api.attention(q, k, v, self.p.pattern)
                 dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
                 errs = {"dq": _rel_err(dq, self.ref["dq"]), "dk": _rel_err(dk, self.ref["dk"]),
                         "dv": _rel_err(dv, self.ref["dv"])}
@@ -185,17 +182,15 @@ class Bench:
 
     def runner(self, cfg: LaunchConfig):
         """A no-argument function running the timed direction once with ``cfg``."""
-        from .. import attention
-
         q, k, v, do = self.inputs
         pattern = self.p.pattern
         if self.direction == "fwd":
             def run():
                 with use_config(cfg), torch.no_grad():
-                    attention(q, k, v, pattern)
+                    api.attention(q, k, v, pattern)
             return run
         with use_config(cfg):
-            out = attention(q, k, v, pattern)   # the backward runs the config saved by this call
+            out = api.attention(q, k, v, pattern)   # the backward runs the config saved by this call
 
         def run_bwd():
             torch.autograd.grad(out, (q, k, v), do, retain_graph=True)

@@ -22,6 +22,13 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 
+import torch
+
+from .. import api
+from ..config import as_list, from_list, use_config
+from .keys import dtype_name
+from .measure import error_line
+
 _pool: cf.ProcessPoolExecutor | None = None
 _pool_size = 0
 WARM_SEQLEN = 1024
@@ -63,11 +70,6 @@ def _warm(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int, d
           direction: str, cfg_values: list[int]) -> str | None:
     """(In a worker.) Run one candidate once; None, or the error that stopped it."""
     try:
-        import torch
-
-        import msa_codegen as msa
-        from msa_codegen.config import from_list, use_config
-
         dtype = getattr(torch, dtype_name)
         g = torch.Generator(device="cpu").manual_seed(7)
         q = torch.randn(1, heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
@@ -76,26 +78,21 @@ def _warm(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int, d
         with use_config(from_list(cfg_values)):
             if direction == "fwd":
                 with torch.no_grad():
-                    msa.attention(q, k, v, pattern)
+                    api.attention(q, k, v, pattern)
             else:
                 for t in (q, k, v):
                     t.requires_grad_()
-                out = msa.attention(q, k, v, pattern)
+                out = api.attention(q, k, v, pattern)
                 torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
         if device == "cuda":
             torch.cuda.synchronize()
         return None
     except Exception as e:   # compile errors, out of resources: the candidate fails
-        from .measure import error_line
-
         return error_line(e)
 
 
 def compile_all(problem, direction: str, configs: list, n_workers: int | None = None) -> list[str | None]:
     """Run every config once in parallel worker processes; per config None or its error."""
-    from .keys import dtype_name
-    from ..config import as_list
-
     if not configs:
         return []
     pool = _get_pool(n_workers or workers())

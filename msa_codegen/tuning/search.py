@@ -29,9 +29,13 @@ from typing import Callable
 
 import torch
 
-from .keys import TuningKey, library_version
-from ..config import LaunchConfig, default_config
+from ..config import LaunchConfig
+from ..heuristics import default_config
+from . import gpu as _gpu
+from . import precompile as _pre
 from . import space as _space
+from .keys import TuningKey, library_version
+from .lookup import reload
 from .measure import Bench, Problem, WrongResult, error_line, median_iqr
 
 CONNECT_TIMEOUT_S = 120
@@ -113,7 +117,6 @@ def _params_key(params: dict) -> tuple:
 
 
 def _provenance(problem: Problem, meaningful: bool, rounds: int) -> str:
-    from . import gpu as _gpu
 
     who = f"msa-tune on {socket.gethostname()}"
     dev = _gpu.device_name() if not problem.interpreter else "Triton interpreter (CPU)"
@@ -177,7 +180,6 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     bar = _progress(trials, f"{direction} bucket {problem.bucket}", progress)
     batch_size = 1
     if precompile if precompile is not None else not interp:
-        from . import precompile as _pre
 
         batch_size = _pre.workers()
     try:
@@ -292,6 +294,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                provenance=_provenance(problem, not interp, n_rounds))
     with TuningDB(db_path) as db:
         stored = db.put(row, keep_faster=True)
+    reload()   # this process's next lookups and call plans see the new row
     return TuneResult(key, problem, config, med, spread, default_ms, tflops, n_trials, pruned, failures, stored,
                       meaningful=not interp)
 

@@ -14,7 +14,9 @@ import itertools
 
 import torch
 
-from ..config import BwdConfig, FwdConfig, LaunchConfig, descriptor_fault
+from ..config import BwdConfig, FwdConfig, LaunchConfig
+from ..kernels import schedule
+from ..kernels.tma import descriptor_fault
 
 BLOCKS = (16, 32, 64, 128, 256)
 WARPS = (4, 8)
@@ -45,9 +47,7 @@ class Env:
 
     @property
     def block_d(self) -> int:
-        from ..ops import _block_d
-
-        return _block_d(self.head_dim)
+        return schedule.block_d(self.head_dim)
 
     @property
     def esize(self) -> int:
