@@ -115,7 +115,7 @@ def test_schema_wal_and_version(tmp_path):
     put(path, row())
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert con.execute("SELECT app, version FROM msa_schema").fetchone() == ("msa-codegen-tuning", 1)
+    assert con.execute("SELECT app, version FROM msa_schema").fetchone() == ("msa-codegen-tuning", 2)
     cols = {r[1] for r in con.execute("PRAGMA table_info(msa_tuning)")}
     assert {"gpu", "capability", "pattern", "direction", "dtype", "head_dim", "gqa_group", "bucket", "triton_version",
             "template_hash", "config", "median_ms", "spread_ms", "tflops", "trials", "library_version", "created_at",
@@ -474,6 +474,69 @@ def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern(monkeypatch):
     monkeypatch.setattr(codegen, "templates_digest", lambda: "another-template")
     assert "another-template" in codegen.render(lower(parse("window=8,dilation=2").groups[0].spec), "fwd")
     assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") == before
+
+
+def test_a_comment_in_the_kernels_keeps_the_key(monkeypatch):
+    """The key hashes the kernels' code: comments and blank lines added to the rendered text (a
+    comment edit in a template) leave it; a change of code does not."""
+    from msa_codegen.kernels import render as codegen
+
+    real = codegen.render
+    before = codegen.kernel_hash.__wrapped__("window=8,dilation=2")
+    commented = lambda plan, d: real(plan, d).replace("\n", "\n    # a note, and a blank line\n\n", 3)   # noqa: E731
+    monkeypatch.setattr(codegen, "render", commented)
+    assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") == before
+    monkeypatch.setattr(codegen, "render", lambda plan, d: real(plan, d) + "EXTRA = 1\n")
+    assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") != before
+    assert codegen.code_only("x = '#not a comment'  # a comment\n\n  \ny = 2\n") == "x = '#not a comment'\ny = 2\n"
+
+
+def _as_schema_1(path):
+    """Turn a schema-2 file into what schema 1 wrote: its version and the old kernel hashes."""
+    from msa_codegen.tuning.migrations import kernel_hash_v1
+
+    con = sqlite3.connect(path)
+    con.execute("UPDATE msa_schema SET version = 1")
+    for row_id, pattern in con.execute("SELECT id, pattern FROM msa_tuning").fetchall():
+        con.execute("UPDATE msa_tuning SET template_hash = ? WHERE id = ?", (kernel_hash_v1(pattern), row_id))
+    con.commit()
+    con.close()
+
+
+def test_schema_1_user_db_is_rekeyed_on_open(tmp_home):
+    """A user database of schema 1 (rows keyed by the old hash, comments included) is migrated
+    the first time the lookup reads it: its rows run, the file is schema 2, and a row that
+    matched no kernels stays stale."""
+    path = tmp_home / "tuning.db"
+    put(path, row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=1024,
+                  config={**FWD, "block_m": 16, "num_stages": 1}),
+        row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=4096))
+    _as_schema_1(path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE msa_tuning SET template_hash = '0123456789abcdef' WHERE bucket = 4096")
+    con.commit()
+    con.close()
+    reload()
+    cfg, source = call_config(40)
+    assert source.startswith("fwd: user db") and cfg.fwd.block_m == 16
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT version FROM msa_schema").fetchone() == (2,)
+    hashes = dict(con.execute("SELECT bucket, template_hash FROM msa_tuning").fetchall())
+    con.close()
+    assert hashes == {1024: kernel_hash(PATTERN), 4096: "0123456789abcdef"}
+
+
+def test_schema_1_export_is_rekeyed_on_import(tmp_path):
+    from msa_codegen.tuning.migrations import kernel_hash_v1
+
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    put(a, row(), row(direction="bwd"))
+    with TuningDB(a) as db:
+        doc = db.export()
+    doc = dict(doc, schema_version=1, rows=[dict(r, template_hash=kernel_hash_v1(r["pattern"])) for r in doc["rows"]])
+    with TuningDB(b) as db:
+        assert db.import_(doc) == 2
+        assert {r["template_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}
 
 
 def test_autotune_tunes_a_missing_key_once_and_attention_runs_it(tmp_home, capsys):

@@ -13,10 +13,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import io
 import os
 import sys
 import tempfile
 import threading
+import tokenize
 from pathlib import Path
 
 import jinja2
@@ -66,19 +68,39 @@ def templates_digest() -> str:
 
 @functools.lru_cache(maxsize=1024)
 def kernel_hash(pattern: str) -> str:
-    """Hash of the generated kernel sources of a pattern (every head group, both directions).
+    """Hash of the generated kernel code of a pattern (every head group, both directions).
 
-    The key of tuning rows: a row stays valid while the kernels it was measured on are the
-    same text, whatever else changes in the templates (the first line, which names the
-    template hash and library version, is left out). Any spelling of a pattern gives its
-    canonical form's hash.
+    The key of tuning rows: a row stays valid while the kernels it was measured on are the same
+    code, whatever else changes in the templates. Left out: the first line (it names the
+    templates' digest and the library version), comments and blank lines (``code_only``), so
+    that a comment edit in a template keeps the rows. Any spelling of a pattern gives its
+    canonical form's hash. (Schema 1 databases hashed the text with comments:
+    ``tuning.migrations`` re-keys them.)
     """
-    h = hashlib.sha256(b"msa-codegen kernels v1")
+    h = hashlib.sha256(b"msa-codegen kernels v2")
     for g in parse(pattern).groups:
         plan = lower(g.spec)
         for direction in DIRECTIONS:
-            h.update(render(plan, direction).partition("\n")[2].encode())
+            h.update(code_only(render(plan, direction).partition("\n")[2]).encode())
+            h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def code_only(source: str) -> str:
+    """Python source without its comments, trailing blanks and blank lines (Python's tokenizer
+    finds the comments, so a ``#`` inside a string stays)."""
+    comment_at: dict[int, int] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comment_at[tok.start[0]] = tok.start[1]
+    lines = []
+    for number, line in enumerate(source.splitlines(), 1):
+        if number in comment_at:
+            line = line[:comment_at[number]]
+        line = line.rstrip()
+        if line:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def render(plan: KernelPlan, direction: str) -> str:

@@ -17,7 +17,7 @@ import os
 import sqlite3
 import urllib.parse
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from sqlalchemy import Connection, create_engine, delete, event, select, text
 from sqlalchemy.engine import Engine
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from .keys import DIRECTIONS, DTYPE_NAMES, config_from_row, is_current
+from .migrations import MIGRATIONS, rekey_row
 from .models import APP, KEY_COLUMNS, SCHEMA_VERSION, VALUE_COLUMNS, Base, SchemaInfo, TuningRow
 
 EXPORT_FORMAT = "msa-codegen-tuning"
@@ -43,6 +44,10 @@ _OUR_TABLES = frozenset(Base.metadata.tables)
 
 class SchemaError(RuntimeError):
     """The file is not a tuning database this version can use (foreign, newer, unmigratable)."""
+
+
+class SchemaOutdated(SchemaError):
+    """A tuning database of an older schema opened without writing: a writable open migrates it."""
 
 
 class DatabaseUnusable(RuntimeError):
@@ -75,9 +80,6 @@ def describe_failure(exc: BaseException) -> str:
     return f"unreadable ({type(exc).__name__}: {msg})"
 
 
-# version v -> function upgrading a connection (inside the open transaction) from v to v + 1.
-# Schema 1 is the first; a change of the models adds an entry here and bumps SCHEMA_VERSION.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
 
 
 def read_timeout_s() -> float:
@@ -167,7 +169,7 @@ def check_schema(conn: Connection, path, *, writable: bool) -> bool:
             raise SchemaError(f"{path} has tuning-database schema version {version}, which this msa-codegen "
                               f"cannot migrate to {SCHEMA_VERSION}: export it with the older version, or clear it")
         if not writable:
-            raise SchemaError(f"{path} has tuning-database schema version {version} (current {SCHEMA_VERSION}); "
+            raise SchemaOutdated(f"{path} has tuning-database schema version {version} (current {SCHEMA_VERSION}); "
                               f"it is migrated by any command that writes it (e.g. msa-codegen db list --db {path})")
         for v in range(version, SCHEMA_VERSION):
             MIGRATIONS[v](conn)
@@ -402,6 +404,8 @@ class TuningDB:
         rows = data.get("rows")
         if not isinstance(rows, list):
             raise ValueError("export has no 'rows' list")
+        if version < 2:   # kernel hashes of schema 1: re-keyed as the file migration does
+            rows = [rekey_row(r) if isinstance(r, dict) else r for r in rows]
         return self.put_many(rows)
 
     def integrity_check(self) -> str:

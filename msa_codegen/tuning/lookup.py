@@ -151,13 +151,23 @@ def _warn_once(path: Path, exc: BaseException) -> None:
 
 
 def _read_rows(path: Path, mode: str, query: dict) -> list[dict] | None:
-    """Candidate rows of one database; None when the file is missing or unusable (reported once)."""
+    """Candidate rows of one database; None when the file is missing or unusable (reported once).
+
+    A user database of an older schema is migrated here, once (a writable open re-keys its rows,
+    ``migrations``); the shipped database is opened read-only and must ship migrated."""
     if not path.exists():
         return None
     try:
-        from .database import TuningDB, read_timeout_s
+        # SQLAlchemy is imported only when a database file exists (about 0.1 s)
+        from .database import SchemaOutdated, TuningDB, read_timeout_s
 
-        db = TuningDB(path, mode=mode, timeout=read_timeout_s(), write=False)
+        try:
+            db = TuningDB(path, mode=mode, timeout=read_timeout_s(), write=False)
+        except SchemaOutdated:
+            if mode == "ro":
+                raise
+            TuningDB(path, mode="rw", timeout=read_timeout_s()).close()   # migrates the file
+            db = TuningDB(path, mode=mode, timeout=read_timeout_s(), write=False)
         try:
             return db.candidates(**query)
         finally:

@@ -16,7 +16,8 @@ from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text, Uniq
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 APP = "msa-codegen-tuning"
-SCHEMA_VERSION = 1
+#: 2: rows keyed by the kernel hash without comments (``migrations``: 1 -> 2 re-keys them)
+SCHEMA_VERSION = 2
 
 
 class Base(DeclarativeBase):
@@ -46,7 +47,7 @@ class TuningRow(Base):
     gqa_group: Mapped[int] = mapped_column(Integer)            # query heads per key/value head
     bucket: Mapped[int] = mapped_column(Integer)               # power of two >= N, at least 1024
     triton_version: Mapped[str] = mapped_column(String(32))
-    template_hash: Mapped[str] = mapped_column(String(32))
+    template_hash: Mapped[str] = mapped_column(String(32))   # kernels.render.kernel_hash of the pattern
     # ---- value
     config: Mapped[dict] = mapped_column(JSON)                 # the direction's LaunchConfig fields
     median_ms: Mapped[float] = mapped_column(Float)
