@@ -22,12 +22,13 @@ from ..heuristics import default_config
 from ..kernels import schedule
 from ..kernels.render import render
 from ..pattern.lowering import lower
-from ..pattern.reference import spec_mask
+from ..pattern.reference import mask, spec_mask
 from ..pattern.spec import parse
 from ..tuning import gpu as _gpu
 from ..tuning.database import open_db
 from ..tuning.keys import DTYPES, dtype_name, is_current, torch_dtype, triton_version
 from ..tuning.lookup import lookup, lookup_for_gpu, shipped_db_path, user_db_path
+from .tune import error_line, relaunch_in_interpreter
 
 
 def _fail(msg: str) -> int:
@@ -109,9 +110,7 @@ def _launch_header(pat, args) -> str:
 
 
 def cmd_mask(args) -> int:
-    import msa_codegen as msa
-
-    m = msa.mask(args.pattern, args.seqlen, args.heads)
+    m = mask(args.pattern, args.seqlen, args.heads)
     for h in range(args.heads):
         if args.heads > 1:
             print(f"head {h}")
@@ -131,9 +130,7 @@ def _one_line_error(parser):
 
 
 def cmd_show(args) -> int:
-    import msa_codegen as msa
-
-    pat = msa.parse(args.pattern)
+    pat = parse(args.pattern)
     if not 1 <= args.seqlen <= SHOW_MAX_SEQLEN:
         raise ValueError(f"--seqlen must be between 1 and {SHOW_MAX_SEQLEN} to draw the mask, got {args.seqlen}")
     for name in ("block_m", "block_n"):
@@ -391,8 +388,6 @@ def main(argv=None) -> int:
         # without CUDA the interpreter must be chosen before triton is imported, and importing
         # msa_codegen already imports it (through torch._dynamo): the demo reruns itself with
         # TRITON_INTERPRET=1 when needed
-        from .tune import relaunch_in_interpreter
-
         code = relaunch_in_interpreter("msa_codegen.cli.main", argv)
         if code is not None:
             return code
@@ -405,8 +400,6 @@ def main(argv=None) -> int:
     except Exception as e:   # database and file errors: one line (MSA_CODEGEN_DEBUG=1 shows the traceback)
         if os.environ.get("MSA_CODEGEN_DEBUG"):
             raise
-        from .tune import error_line
-
         code, msg = error_line(e)
         print(f"msa-codegen: error: {msg}", file=sys.stderr)
         return code

@@ -6,6 +6,7 @@
     keys.py        what a row is keyed by (bucket, versions, kernel hash); no SQLAlchemy
     models.py      the SQLAlchemy ORM models (msa_schema, msa_tuning)
     database.py    engines (WAL, busy timeout), schema check and migrations, TuningDB
+    migrations.py  the schema migrations (1 -> 2: rows re-keyed by the comment-free kernel hash)
     gpu.py         GPU names as rows key them
     space.py       the knobs per direction, the search space and the prune filter
     measure.py     a problem's inputs, the correctness check and the timing of a candidate

@@ -1,4 +1,4 @@
-"""Tests for msa_codegen.spec: pattern grammar, validation, canonical form, head groups."""
+"""Tests for msa_codegen.pattern.spec: pattern grammar, validation, canonical form, head groups."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # the repository
 
 from msa_codegen.pattern.spec import MAX_VALUE, HeadGroup, Pattern, PatternError, Spec, parse  # noqa: E402
 

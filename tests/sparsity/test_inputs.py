@@ -1,93 +1,21 @@
-"""Run-time sparsity inputs (issue 5): cu_seqlens, q_pos/k_pos, q_bucket/k_bucket, topk + block_indices.
+"""Run-time sparsity inputs (msa_codegen.sparsity.inputs; issue 5): cu_seqlens, q_pos/k_pos,
+q_bucket/k_bucket, topk + block_indices, and the selection helpers (sparsity.selection).
 
-The oracle (mask / reference_attention) is checked against independent constructions; the
-kernels (Triton's interpreter on the CPU) against the oracle: output, LSE, dq, dk, dv.
+The kernels (Triton's interpreter on the CPU) are checked against the oracle: output, LSE, dq,
+dk, dv; the cases marked ``gpu`` run larger shapes in fp16/bf16, against the dense fp64
+``reference_attention`` with the same inputs (so N stays <= 8192 with a few heads: its N x N
+tensors are a few GiB), the bound the larger of the dtype's floor and twice PyTorch's own
+same-dtype error (``helpers.check_dynamic``).
 """
-import random
 
 import pytest
 import torch
 
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
-from msa_codegen.pattern.reference import spec_mask
+from msa_codegen.pattern.reference import relative_error
 
-from helpers import assert_matches_reference, rel_err
-
-
-def _docs(n, gen, max_len=40, ones=True):
-    """Random document lengths summing to n, with length-1 documents mixed in."""
-    lens, left = [], n
-    while left:
-        ln = 1 if ones and gen.random() < 0.25 else gen.randint(1, max_len)
-        ln = min(ln, left)
-        lens.append(ln)
-        left -= ln
-    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lens), 0)
-    return cu
-
-
-def _keep_sorted(n, frac, gen, b=1, h=1):
-    """(b, h, n') sorted positions in 0..n-1 keeping about 1 - frac of them (same count per row)."""
-    m = max(1, round(n * (1 - frac)))
-    rows = [sorted(gen.sample(range(n), m)) for _ in range(b * h)]
-    return torch.tensor(rows, dtype=torch.int32).view(b, h, m)
-
-
-# ---- the oracle ---------------------------------------------------------------------------
-
-ORACLE_PATTERNS = ["causal", "causal=false", "window=5", "window=4,dilation=3,sink=2", "sink=3",
-                   "causal=false,global=2,window=3", "causal=false,window=3,dilation=2,sink=1"]
-
-
-@pytest.mark.parametrize("pattern", ORACLE_PATTERNS)
-def test_mask_cu_seqlens_is_block_diagonal(pattern):
-    gen = random.Random(0)
-    n = 97
-    cu = _docs(n, gen, max_len=30)
-    m = msa.mask(pattern, n, 2, cu_seqlens=cu)
-    assert m.shape == (1, 2, n, n)
-    want = torch.zeros(n, n, dtype=torch.bool)
-    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
-        if b > a:
-            want[a:b, a:b] = spec_mask(msa.parse(pattern).groups[0].spec, b - a)
-    assert torch.equal(m[0, 0], want) and torch.equal(m[0, 1], want)
-
-
-@pytest.mark.parametrize("pattern", ORACLE_PATTERNS)
-def test_mask_positions_select_rows_and_columns(pattern):
-    gen = random.Random(1)
-    n = 80
-    qp = _keep_sorted(n, 0.3, gen, 2, 2)
-    kp = _keep_sorted(n, 0.5, gen, 2, 1)
-    m = msa.mask(pattern, None, 2, q_pos=qp, k_pos=kp)
-    assert m.shape == (2, 2, qp.shape[-1], kp.shape[-1])
-    full = spec_mask(msa.parse(pattern).groups[0].spec, n)
-    for b in range(2):
-        for h in range(2):
-            assert torch.equal(m[b, h], full[qp[b, h].long()][:, kp[b, 0].long()])
-
-
-def test_mask_buckets_and_topk():
-    gen = torch.Generator().manual_seed(3)
-    n, blk = 70, 16
-    qb = torch.randint(0, 3, (1, 2, n), generator=gen)
-    kb = torch.randint(0, 3, (1, 1, n), generator=gen)
-    m = msa.mask("window=9", n, 2, q_bucket=qb, k_bucket=kb)
-    full = msa.mask("window=9", n, 2)
-    assert torch.equal(m[0], full & (qb[0, :, :, None] == kb[0, :, None, :]))
-    nb = -(-n // blk)
-    idx = torch.randint(-1, nb, (1, 1, nb, 3), generator=gen, dtype=torch.int32)
-    m = msa.mask(f"sink=2,topk=3,block={blk}", n, 2, block_indices=idx)
-    i = torch.arange(n)
-    chosen = torch.zeros(nb, nb, dtype=torch.bool)
-    for r in range(nb):
-        for c in idx[0, 0, r].tolist():
-            if c >= 0:
-                chosen[r, c] = True
-    want = ((i[None, :] < 2) | chosen[i[:, None] // blk, i[None, :] // blk]) & (i[None, :] <= i[:, None])
-    assert torch.equal(m[0, 0], want) and torch.equal(m[0, 1], want)
+from helpers import bucket_inputs, check_dynamic, docs_inputs, pos_inputs, rel_err, topk_inputs, with_topk
 
 
 def test_spec_topk_terms():
@@ -144,58 +72,6 @@ def test_hash_sort_roundtrip():
         msa.hash_sort(x, 5)
 
 
-# ---- the kernels against the oracle --------------------------------------------------------
-
-def check_dynamic(pattern, b=1, hq=2, hkv=1, nq=129, nk=None, d=32, dtype=torch.float32, device="cpu",
-                  make=None, seed=None):
-    """Kernel vs fp64 oracle (out, LSE, dq, dk, dv) with run-time inputs ``make(b, hq, hkv, nq, nk, gen)``."""
-    nk = nq if nk is None else nk
-    seed = random.randrange(2**31) if seed is None else seed
-    gen = random.Random(seed)
-    tg = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, nq, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
-    k = torch.randn(b, hkv, nk, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
-    v = torch.randn(b, hkv, nk, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
-    dyn = make(b, hq, hkv, nq, nk, gen) if make else {}
-    dyn = {name: (t.to(device) if isinstance(t, torch.Tensor) else t) for name, t in dyn.items()}
-    out, lse = msa.attention(q, k, v, pattern, return_lse=True, **dyn)
-    assert out.shape == q.shape and lse.shape == (b, hq, nq)
-    ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True, **dyn)
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device=device, dtype=dtype)
-    grads = torch.autograd.grad(out, (q, k, v), do)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
-    mask = msa.mask(pattern, nq, hq, device, num_kv_heads=hkv, batch=b, **dyn) if dtype != torch.float32 else None
-    return assert_matches_reference(pattern, seed, q, k, v, do, mask, d ** -0.5, (out, lse, grads),
-                                    (ref, ref_lse, ref_grads))
-
-
-def _blk(pattern):
-    return msa.parse(pattern).groups[-1].spec.block
-
-
-def topk_inputs(pattern, dup=True):
-    """Random block_indices for the pattern's topk term: -1 slots and (with dup) repeated ids."""
-    def make(b, hq, hkv, nq, nk, gen):
-        spec = [g.spec for g in msa.parse(pattern).groups if g.spec.topk][0]
-        nqb, nkb = -(-nq // spec.block), -(-nk // spec.block)
-        idx = torch.tensor([[[[gen.randrange(-1, nkb) for _ in range(spec.topk)] for _ in range(nqb)]
-                             for _ in range(hkv)] for _ in range(b)], dtype=torch.int32)
-        if dup and spec.topk > 1:
-            idx[..., -1] = idx[..., 0]
-        return {"block_indices": idx}
-    return make
-
-
-def with_topk(pattern, make):
-    """``make``'s inputs (none when None), plus block_indices when the pattern has a topk term."""
-    def both(b, hq, hkv, nq, nk, gen):
-        out = make(b, hq, hkv, nq, nk, gen) if make else {}
-        if "topk" in pattern:
-            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
-        return out
-    return both
-
-
 TOPK_PATTERNS = [
     "topk=3,block=16",
     "causal=false,topk=2,block=32",
@@ -221,12 +97,6 @@ def test_topk_fp16_gqa_select_blocks(device):
                   dtype=torch.float16, device=device, make=make)
 
 
-def docs_inputs(max_len=40):
-    def make(b, hq, hkv, nq, nk, gen):
-        return {"cu_seqlens": _docs(nq, gen, max_len=max_len)}
-    return make
-
-
 DOC_PATTERNS = [
     "causal",
     "causal=false",
@@ -245,19 +115,6 @@ DOC_PATTERNS = [
 @pytest.mark.parametrize("pattern", DOC_PATTERNS)
 def test_cu_seqlens_fp32(pattern, device):
     check_dynamic(pattern, b=1, hq=2, hkv=1, nq=150, device=device, make=with_topk(pattern, docs_inputs(50)))
-
-
-def pos_inputs(frac_q=0.3, frac_k=0.3, span=None, shape="bhn"):
-    """Positions of a compacted sequence: per head, sorted, about frac of the tokens dropped."""
-    def make(b, hq, hkv, nq, nk, gen):
-        full = span or max(nq, nk) * 2
-        if shape == "n":
-            return {"q_pos": torch.tensor(sorted(gen.sample(range(full), nq)), dtype=torch.int64),
-                    "k_pos": torch.tensor(sorted(gen.sample(range(full), nk)), dtype=torch.int64)}
-        qp = torch.tensor([sorted(gen.sample(range(full), nq)) for _ in range(b * hq)], dtype=torch.int32)
-        kp = torch.tensor([sorted(gen.sample(range(full), nk)) for _ in range(b * hkv)], dtype=torch.int32)
-        return {"q_pos": qp.view(b, hq, nq), "k_pos": kp.view(b, hkv, nk)}
-    return make
 
 
 POS_PATTERNS = [
@@ -281,36 +138,6 @@ def test_positions_fp32(pattern, device):
 def test_positions_broadcast_1d_fp16(device):
     check_dynamic("window=24,dilation=2,sink=3", b=1, hq=4, hkv=2, nq=140, nk=100, d=64, dtype=torch.float16,
                   device=device, make=pos_inputs(shape="n"))
-
-
-def bucket_inputs(nb=3, with_pos=False):
-    """Buckets sorted along the sequence (positions increasing inside a bucket), as hash_sort gives."""
-    def make(b, hq, hkv, nq, nk, gen):
-        def side(h, n):
-            rows_b, rows_p = [], []
-            for _ in range(b * h):
-                bk = sorted(gen.randrange(nb) for _ in range(n))
-                pos = list(range(n))
-                gen.shuffle(pos)
-                # positions increasing inside each bucket
-                out_p, start = [], 0
-                chunks = {}
-                for x in bk:
-                    chunks[x] = chunks.get(x, 0) + 1
-                for x in sorted(chunks):
-                    out_p += sorted(pos[start:start + chunks[x]])
-                    start += chunks[x]
-                rows_b.append(bk)
-                rows_p.append(out_p)
-            return (torch.tensor(rows_b, dtype=torch.int32).view(b, h, n),
-                    torch.tensor(rows_p, dtype=torch.int32).view(b, h, n))
-        qb, qp = side(hq, nq)
-        kb, kp = side(hkv, nk)
-        out = {"q_bucket": qb, "k_bucket": kb}
-        if with_pos:
-            out.update(q_pos=qp, k_pos=kp)
-        return out
-    return make
 
 
 BUCKET_PATTERNS = ["causal", "causal=false", "window=20", "window=12,dilation=2,sink=3",
@@ -661,9 +488,9 @@ def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
         pytest.skip("the GPU tests compile them for the real device")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["MSA_CODEGEN_HOME"] = str(tmp_path)
-    here = os.path.dirname(__file__)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, os.path.join(here, "aot_check.py"), pattern, *flags], env=env,
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # aot_check.py lives in tests/
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(tests), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, os.path.join(tests, "aot_check.py"), pattern, *flags], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -675,31 +502,6 @@ def test_repeated_positions(device):
                 "k_pos": torch.tensor(sorted(gen.randrange(60) for _ in range(nk)))}
     with use_config(SMALL_TILES[0]):
         check_dynamic("window=5,sink=2", nq=90, nk=110, device=device, make=make)
-
-
-def test_merged_block_tables():
-    """Random + top-k table: each id once per row, and the CSR inverse lists exactly its choosers."""
-    from msa_codegen.sparsity.tables import merged_block_tables, random_block_table_cpu
-
-    spec = msa.parse("random=2,seed=4,topk=3,block=16").groups[0].spec
-    gen = torch.Generator().manual_seed(2)
-    n = 150
-    nb = -(-n // 16)
-    idx = torch.randint(-1, nb, (2, 3, nb, 3), generator=gen, dtype=torch.int32)
-    idx[..., 2] = idx[..., 1]
-    table, offs, inv = merged_block_tables(spec, n, n, idx)
-    assert table.shape == (2, 3, nb, 5)
-    rtab = random_block_table_cpu(spec, n)
-    for b in range(2):
-        for h in range(3):
-            for qb in range(nb):
-                row = [x for x in table[b, h, qb].tolist() if x >= 0]
-                want = {x for x in idx[b, h, qb].tolist() + rtab[qb].tolist() if x >= 0}
-                assert sorted(row) == sorted(want)
-            for kb in range(nb):
-                o = (b * 3 + h) * nb + kb
-                got = inv[offs[o]:offs[o + 1]].tolist()
-                assert got == [qb for qb in range(nb) if kb in table[b, h, qb].tolist()]
 
 
 @pytest.mark.parametrize("kind,pattern", [
@@ -742,3 +544,62 @@ def test_cu_seqlens_dilated_class_tiles(pattern, device):
         return out
     with use_config(SMALL_TILES[1]):
         check_dynamic(pattern, b=1, hq=2, hkv=1, nq=200, device=device, make=make)
+
+
+# ---- on the GPU: larger shapes, bf16 / fp16 -----------------------------------------------------
+
+
+def _selected(topk, block, make=None):
+    """block_indices from select_blocks on fresh inputs (MoBA gating), plus ``make``'s inputs."""
+    def sel(b, hq, hkv, nq, nk, gen):
+        out = make(b, hq, hkv, nq, nk, gen) if make else {}
+        g = torch.Generator().manual_seed(gen.randrange(2**31))
+        out["block_indices"] = msa.select_blocks(torch.randn(b, hq, nq, 64, generator=g),
+                                                 torch.randn(b, hkv, nk, 64, generator=g), topk, block=block)
+        return out
+    return sel
+
+
+GPU_CASES = [
+    # id, pattern, inputs, (B, Hq, Hkv, Nq, Nk, D, dtype)
+    ("docs-window", "window=512", docs_inputs(2048), (1, 8, 2, 8192, None, 128, torch.bfloat16)),
+    ("docs-dil-sink", "window=256,dilation=2,sink=16", docs_inputs(3000), (1, 4, 1, 8192, None, 64, torch.bfloat16)),
+    ("docs-causal", "causal", docs_inputs(1000), (1, 4, 2, 4099, None, 128, torch.float16)),
+    ("docs-bidir-global", "causal=false,global=16,window=128", docs_inputs(700), (1, 4, 2, 4096, None, 128, torch.bfloat16)),
+    ("docs-random", "window=64,random=2,block=128", docs_inputs(900), (1, 4, 2, 4096, None, 64, torch.bfloat16)),
+    ("docs-topk", "window=128,topk=4,block=128", with_topk("window=128,topk=4,block=128", docs_inputs(1500)),
+     (1, 4, 2, 6000, None, 128, torch.bfloat16)),
+    ("pos-window-sink", "window=512,sink=32", pos_inputs(span=8192), (1, 4, 2, 6000, 5000, 128, torch.bfloat16)),
+    ("pos-causal", "causal", pos_inputs(span=8192), (2, 4, 2, 5734, 5734, 64, torch.bfloat16)),
+    ("pos-bidir-dil", "causal=false,window=300,dilation=3", pos_inputs(span=8192), (1, 4, 4, 4000, 4500, 64, torch.float16)),
+    ("buckets-causal", "causal", bucket_inputs(8, with_pos=True), (1, 4, 4, 8192, None, 64, torch.bfloat16)),
+    ("buckets-window", "window=1024,sink=8", bucket_inputs(8, with_pos=True), (1, 4, 2, 8192, None, 128, torch.bfloat16)),
+    ("buckets-only", "causal=false", bucket_inputs(4), (1, 4, 2, 4096, None, 128, torch.float16)),
+    ("topk-select", "topk=8,block=128", _selected(8, 128), (1, 8, 2, 8192, None, 128, torch.bfloat16)),
+    ("topk-window-sink", "window=256,sink=16,topk=4,block=64", _selected(4, 64), (2, 4, 2, 8000, None, 128, torch.bfloat16)),
+    ("topk-random-bidir", "causal=false,window=64,random=2,topk=3,block=128",
+     with_topk("causal=false,window=64,random=2,topk=3,block=128", None), (1, 4, 1, 4096, None, 64, torch.float16)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,make,shape", [c[1:] for c in GPU_CASES], ids=[c[0] for c in GPU_CASES])
+def test_gpu_dynamic(pattern, make, shape):
+    b, hq, hkv, nq, nk, d, dtype = shape
+    check_dynamic(pattern, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d, dtype=dtype, device="cuda", make=make)
+
+
+@pytest.mark.gpu
+def test_gpu_hash_sparse_three_lines():
+    """SCFA's Hash-sparse attention with hash_sort, compared in the original order."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 8192, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_() for _ in range(3))
+    qs, qp, qb, q_inv = msa.hash_sort(q, 8, seed=1)
+    ks, kp, kb, _ = msa.hash_sort(k, 8, seed=1)
+    vs = v.gather(2, kp.long()[..., None].expand_as(v))
+    o = msa.attention(qs, ks, vs, "causal", q_pos=qp, k_pos=kp, q_bucket=qb, k_bucket=kb)
+    o = o.gather(2, q_inv[..., None].expand_as(o))
+    qb0 = qb.gather(2, q_inv)
+    kb0 = kb.gather(2, torch.argsort(kp.long(), dim=-1))
+    ref = msa.reference_attention(q, k, v, "causal", q_bucket=qb0, k_bucket=kb0)
+    assert relative_error(o, ref) < 2e-2
