@@ -326,7 +326,7 @@ def main(argv=None):
         _sass(SETS[args.set])
         return 0
     import msa_codegen as msa
-    from msa_codegen.ops import _ensure_allocator
+    from msa_codegen.kernels.tma import _ensure_allocator
 
     _ensure_allocator()
     n, h, d, w = args.n, args.heads, 128, args.window

@@ -82,9 +82,9 @@ def main(argv=None):
     sys.path[:0] = [str(here), str(here.parent / "tests")]
     import msa_codegen as msa
     from aot_check import compile_kernel
-    from msa_codegen import codegen
-    from msa_codegen.lowering import lower
-    from msa_codegen.ops import _block_d
+    from msa_codegen.kernels import render as codegen
+    from msa_codegen.kernels.schedule import block_d as _block_d
+    from msa_codegen.pattern.lowering import lower
 
     plan = lower(msa.parse(args.pattern).groups[0].spec)
     direction = "fwd" if args.kernel == "msa_fwd" else "bwd"

@@ -12,7 +12,8 @@ import triton.testing
 
 import msa_codegen as msa
 from msa_codegen.bench import attended_pairs
-from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, default_config, use_config
+from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
+from msa_codegen.heuristics import default_config
 
 FWD = [FwdConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
                                (128, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 3),
@@ -41,9 +42,9 @@ def main():
     dkdv_cfgs = _configs(a.dkdv) if a.dkdv else DKDV
     dq_cfgs = _configs(a.dq) if a.dq else DQ
     if a.pointers:
-        import msa_codegen.ops as ops
+        from msa_codegen.kernels.tma import use_descriptors
 
-        ops.USE_TMA = False
+        use_descriptors(False).__enter__()   # for the whole run
     dev = torch.device("cuda")
     q, k, v, do = (torch.randn(1, a.heads, a.n, a.head_dim, device=dev, dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):

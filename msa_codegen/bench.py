@@ -27,8 +27,9 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
-from .spec import Spec, parse
+from .api import attention
+from .pattern.spec import Spec, parse
+from .version import __version__
 
 CSV_FIELDS = ["date", "gpu", "torch", "triton", "msa_codegen", "case", "pattern", "impl", "B", "Hq", "Hkv", "N", "D",
               "dtype", "fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "peak_gib", "setup_s",
@@ -161,8 +162,6 @@ def label_rows(rows, case, results, dtype) -> None:
 
 
 def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
-    from . import attention
-
     reps_ms = max(reps_ms, case.reps_ms)
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)

@@ -20,7 +20,11 @@ import time
 
 import torch
 
+from .api import attention
 from .bench import _peak, _rel, _time, bench_main, label_rows
+from .pattern.spec import parse
+from .sparsity.inputs import CHECKED
+from .sparsity.selection import hash_sort, select_blocks
 
 
 @dataclasses.dataclass
@@ -51,8 +55,6 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
     ``ours()`` / ``fn()`` return the output; ``grads_of`` lists the leaf tensors to reset between
     timed backward passes.
     """
-    from . import attention, hash_sort, select_blocks
-
     g = torch.Generator(device="cpu").manual_seed(seed)
     rnd = random.Random(seed)
     b, hq, hkv, n, d = 1, case.hq, case.hkv, case.n, case.d
@@ -121,8 +123,6 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
             peers["sdpa-flash-dense"] = (_sdpa(q, k, v), False)
         grads = (qc, kc, vc, q, k, v)
     elif case.kind == "topk":
-        from .spec import parse
-
         spec = parse(case.pattern).groups[0].spec
         idx = select_blocks(q.detach(), k.detach(), spec.topk, block=spec.block)
         note = f"select_blocks top-{spec.topk} of {spec.block}-blocks (not timed)"
@@ -139,8 +139,6 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
 
 def msa_window(pattern: str) -> int:
     """The pattern's window (the whole document when it has none)."""
-    from .spec import parse
-
     w = parse(pattern).groups[0].spec.window
     return (1 << 30) if w is None else w
 
@@ -229,8 +227,6 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
                 # the host checks of the inputs (syncs) are remembered per tensor version, so the
                 # timed calls above skip them, as every layer after the first of a step does;
                 # their cost: the same call with nothing remembered
-                from .dynamic import CHECKED
-
                 def cold(fn=fn):
                     CHECKED.clear()
                     return fn()

@@ -10,9 +10,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from msa_codegen import codegen
-from msa_codegen.lowering import lower
-from msa_codegen.spec import parse
+from msa_codegen.kernels import render as codegen
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
 
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
@@ -51,7 +51,7 @@ def main(pattern, *flags):
     for kern in (fwd.msa_fwd, bwd.msa_bwd_pre, bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
         compile_kernel(kern, tma="tma" in flags)
         if plan.ds_capable and kern in (bwd.msa_bwd_dq, bwd.msa_bwd_dkdv):
-            # the band's dS through the scratch buffer (ops._ds_heads)
+            # the band's dS through the scratch buffer (kernels.schedule.ds_heads)
             compile_kernel(kern, tma="tma" in flags, constexprs={"DS": True})
     print("compiled", pattern, *flags)
 

@@ -6,12 +6,12 @@ import random
 import torch
 
 import msa_codegen as msa
+from msa_codegen.pattern.reference import relative_error
 
 # relative-error floors per dtype; the bound is max(floor, 2 x PyTorch's own same-dtype error)
 FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
-
-rel_err = msa.reference.relative_error
+rel_err = relative_error
 
 
 def make_inputs(b, hq, hkv, n, d, dtype, device, layout="bhnd", seed=None):
@@ -90,7 +90,7 @@ def chunked_reference(q, k, v, pattern, do, scale=None, compute_dtype=torch.floa
     With ``compute_dtype`` = the inputs' dtype it is PyTorch's own low-precision computation of
     the same thing (the baseline of the "no worse than twice PyTorch's error" rule).
     """
-    from msa_codegen.reference import spec_mask
+    from msa_codegen.pattern.reference import spec_mask
 
     b, hq, n, d = q.shape
     group = hq // k.shape[1]
@@ -136,16 +136,139 @@ def chunked_reference(q, k, v, pattern, do, scale=None, compute_dtype=torch.floa
 
 
 def spy_scratch(monkeypatch):
-    """The results of ops._ds_heads, one per head group and backward, as a list that grows
-    (None: dq recomputed the band; else (slots, elements per head, heads per chunk))."""
-    import msa_codegen.ops as ops
+    """The results of kernels.schedule.ds_heads, one per head group and backward, as a list that
+    grows (None: dq recomputed the band; else (slots, elements per head, heads per chunk))."""
+    from msa_codegen.kernels import schedule
 
     seen = []
-    real = ops._ds_heads
+    real = schedule.ds_heads
 
     def spy(*args):
         seen.append(real(*args))
         return seen[-1]
 
-    monkeypatch.setattr(ops, "_ds_heads", spy)
+    monkeypatch.setattr(schedule, "ds_heads", spy)
     return seen
+
+
+# ---- run-time sparsity inputs (shared by sparsity/test_inputs.py and kernels/test_launch.py) ----
+
+def _docs(n, gen, max_len=40, ones=True):
+    """Random document lengths summing to n, with length-1 documents mixed in."""
+    lens, left = [], n
+    while left:
+        ln = 1 if ones and gen.random() < 0.25 else gen.randint(1, max_len)
+        ln = min(ln, left)
+        lens.append(ln)
+        left -= ln
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lens), 0)
+    return cu
+
+
+def _keep_sorted(n, frac, gen, b=1, h=1):
+    """(b, h, n') sorted positions in 0..n-1 keeping about 1 - frac of them (same count per row)."""
+    m = max(1, round(n * (1 - frac)))
+    rows = [sorted(gen.sample(range(n), m)) for _ in range(b * h)]
+    return torch.tensor(rows, dtype=torch.int32).view(b, h, m)
+
+
+# ---- the kernels against the oracle --------------------------------------------------------
+
+def check_dynamic(pattern, b=1, hq=2, hkv=1, nq=129, nk=None, d=32, dtype=torch.float32, device="cpu",
+                  make=None, seed=None):
+    """Kernel vs fp64 oracle (out, LSE, dq, dk, dv) with run-time inputs ``make(b, hq, hkv, nq, nk, gen)``."""
+    nk = nq if nk is None else nk
+    seed = random.randrange(2**31) if seed is None else seed
+    gen = random.Random(seed)
+    tg = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
+    k = torch.randn(b, hkv, nk, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
+    v = torch.randn(b, hkv, nk, d, generator=tg).to(device=device, dtype=dtype).requires_grad_()
+    dyn = make(b, hq, hkv, nq, nk, gen) if make else {}
+    dyn = {name: (t.to(device) if isinstance(t, torch.Tensor) else t) for name, t in dyn.items()}
+    out, lse = msa.attention(q, k, v, pattern, return_lse=True, **dyn)
+    assert out.shape == q.shape and lse.shape == (b, hq, nq)
+    ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True, **dyn)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device=device, dtype=dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    mask = msa.mask(pattern, nq, hq, device, num_kv_heads=hkv, batch=b, **dyn) if dtype != torch.float32 else None
+    return assert_matches_reference(pattern, seed, q, k, v, do, mask, d ** -0.5, (out, lse, grads),
+                                    (ref, ref_lse, ref_grads))
+
+
+def _blk(pattern):
+    return msa.parse(pattern).groups[-1].spec.block
+
+
+def topk_inputs(pattern, dup=True):
+    """Random block_indices for the pattern's topk term: -1 slots and (with dup) repeated ids."""
+    def make(b, hq, hkv, nq, nk, gen):
+        spec = [g.spec for g in msa.parse(pattern).groups if g.spec.topk][0]
+        nqb, nkb = -(-nq // spec.block), -(-nk // spec.block)
+        idx = torch.tensor([[[[gen.randrange(-1, nkb) for _ in range(spec.topk)] for _ in range(nqb)]
+                             for _ in range(hkv)] for _ in range(b)], dtype=torch.int32)
+        if dup and spec.topk > 1:
+            idx[..., -1] = idx[..., 0]
+        return {"block_indices": idx}
+    return make
+
+
+def with_topk(pattern, make):
+    """``make``'s inputs (none when None), plus block_indices when the pattern has a topk term."""
+    def both(b, hq, hkv, nq, nk, gen):
+        out = make(b, hq, hkv, nq, nk, gen) if make else {}
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    return both
+
+
+def docs_inputs(max_len=40):
+    def make(b, hq, hkv, nq, nk, gen):
+        return {"cu_seqlens": _docs(nq, gen, max_len=max_len)}
+    return make
+
+
+def pos_inputs(frac_q=0.3, frac_k=0.3, span=None, shape="bhn"):
+    """Positions of a compacted sequence: per head, sorted, about frac of the tokens dropped."""
+    def make(b, hq, hkv, nq, nk, gen):
+        full = span or max(nq, nk) * 2
+        if shape == "n":
+            return {"q_pos": torch.tensor(sorted(gen.sample(range(full), nq)), dtype=torch.int64),
+                    "k_pos": torch.tensor(sorted(gen.sample(range(full), nk)), dtype=torch.int64)}
+        qp = torch.tensor([sorted(gen.sample(range(full), nq)) for _ in range(b * hq)], dtype=torch.int32)
+        kp = torch.tensor([sorted(gen.sample(range(full), nk)) for _ in range(b * hkv)], dtype=torch.int32)
+        return {"q_pos": qp.view(b, hq, nq), "k_pos": kp.view(b, hkv, nk)}
+    return make
+
+
+def bucket_inputs(nb=3, with_pos=False):
+    """Buckets sorted along the sequence (positions increasing inside a bucket), as hash_sort gives."""
+    def make(b, hq, hkv, nq, nk, gen):
+        def side(h, n):
+            rows_b, rows_p = [], []
+            for _ in range(b * h):
+                bk = sorted(gen.randrange(nb) for _ in range(n))
+                pos = list(range(n))
+                gen.shuffle(pos)
+                # positions increasing inside each bucket
+                out_p, start = [], 0
+                chunks = {}
+                for x in bk:
+                    chunks[x] = chunks.get(x, 0) + 1
+                for x in sorted(chunks):
+                    out_p += sorted(pos[start:start + chunks[x]])
+                    start += chunks[x]
+                rows_b.append(bk)
+                rows_p.append(out_p)
+            return (torch.tensor(rows_b, dtype=torch.int32).view(b, h, n),
+                    torch.tensor(rows_p, dtype=torch.int32).view(b, h, n))
+        qb, qp = side(hq, nq)
+        kb, kp = side(hkv, nk)
+        out = {"q_bucket": qb, "k_bucket": kb}
+        if with_pos:
+            out.update(q_pos=qp, k_pos=kp)
+        return out
+    return make

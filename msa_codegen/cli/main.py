@@ -10,9 +10,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import time
+
+import torch
+
+from ..heuristics import default_config
+from ..kernels import schedule
+from ..kernels.render import render
+from ..pattern.lowering import lower
+from ..pattern.reference import mask, spec_mask
+from ..pattern.spec import parse
+from ..tuning import gpu as _gpu
+from ..tuning.database import open_db
+from ..tuning.keys import DTYPES, dtype_name, is_current, torch_dtype, triton_version
+from ..tuning.lookup import lookup, lookup_for_gpu, shipped_db_path, user_db_path
+from .tune import error_line, relaunch_in_interpreter
 
 
 def _fail(msg: str) -> int:
@@ -45,7 +61,7 @@ def cmd_demo(args) -> int:
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is loaded
     print(_versions())
-    from ..spec import parse
+    from ..pattern.spec import parse
 
     pattern = parse(args.pattern)   # a bad pattern is the caller's error: main reports it in one line
     try:
@@ -109,45 +125,34 @@ def _demo(pat, seqlen: int | None, cuda: bool) -> bool:
 
 
 def cmd_render(args) -> int:
-    import msa_codegen as msa
-    from msa_codegen import codegen
-    from msa_codegen.lowering import lower
-
-    pat = msa.parse(args.pattern)
+    pat = parse(args.pattern)
     print(_launch_header(pat, args), end="")
     for group in pat.groups:
         if len(pat.groups) > 1:
             print(f"# ---- heads {group.heads} ----")
-        print(codegen.render(lower(group.spec), args.direction), end="")
+        print(render(lower(group.spec), args.direction), end="")
     return 0
 
 
 def _launch_header(pat, args) -> str:
     """Comment lines: the constexprs and launch config a call with this head dim / dtype /
     length gets (the source itself is the same for every head dim and dtype)."""
-    import dataclasses
-
-    import torch
-
-    from msa_codegen.cache.keys import DTYPES, torch_dtype
-    from msa_codegen.config import default_config, lookup_config
-    from msa_codegen.ops import _block_d, _dot_precision
-
     d = args.head_dim
     if not 16 <= d <= 256:
         raise ValueError(f"--head-dim must be between 16 and 256, got {d}")
     if args.seqlen < 1:
         raise ValueError(f"--seqlen must be >= 1, got {args.seqlen}")
     dtype = torch_dtype(args.dtype)
-    block_d, prec = _block_d(d), _dot_precision(dtype)
+    block_d, prec = schedule.block_d(d), schedule.dot_precision(dtype)
     if torch.cuda.is_available():
-        cfg, source = lookup_config(torch.device("cuda"), str(pat), d, dtype, 1, args.seqlen)
+        res = lookup(torch.device("cuda"), str(pat), d, dtype, 1, args.seqlen)
+        cfg, source = res.config, res.source
     else:
         cfg, source = default_config(torch.device("cuda"), d, dtype, pattern=str(pat)), \
             "heuristic default for a GPU (none here)"
     c = dataclasses.asdict(cfg.fwd if args.direction == "fwd" else cfg.bwd)
-    # TMA: the plain kernels' operands through tensor descriptors (ops._use_tma); FOLD: the
-    # forward's scale folded into the exponent (ops._fwd)
+    # TMA: the plain kernels' operands through tensor descriptors (kernels.tma.use_tma); FOLD: the
+    # forward's scale folded into the exponent (kernels.launch.forward)
     tma = "TMA=True on compute capability >= 9 for bf16/fp16 with 16-byte aligned layouts, else False"
     if args.direction == "fwd":
         tma += "; FOLD=True for a positive scale, else False"
@@ -157,9 +162,7 @@ def _launch_header(pat, args) -> str:
 
 
 def cmd_mask(args) -> int:
-    import msa_codegen as msa
-
-    m = msa.mask(args.pattern, args.seqlen, args.heads)
+    m = mask(args.pattern, args.seqlen, args.heads)
     for h in range(args.heads):
         if args.heads > 1:
             print(f"head {h}")
@@ -179,9 +182,7 @@ def _one_line_error(parser):
 
 
 def cmd_show(args) -> int:
-    import msa_codegen as msa
-
-    pat = msa.parse(args.pattern)
+    pat = parse(args.pattern)
     if not 1 <= args.seqlen <= SHOW_MAX_SEQLEN:
         raise ValueError(f"--seqlen must be between 1 and {SHOW_MAX_SEQLEN} to draw the mask, got {args.seqlen}")
     for name in ("block_m", "block_n"):
@@ -199,7 +200,6 @@ def cmd_show(args) -> int:
         return _fail("msa-codegen show needs matplotlib: pip install msa-codegen[plot]")
     import torch
 
-    from msa_codegen.reference import spec_mask
 
     n = args.seqlen
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 5.2 * len(groups)), squeeze=False)
@@ -241,10 +241,6 @@ def cmd_show(args) -> int:
 
 
 def cmd_which(args) -> int:
-    from msa_codegen import gpu as _gpu
-    from msa_codegen import parse
-    from msa_codegen.cache import dtype_name, resolve
-
     pat = parse(args.pattern)
     if args.seqlen < 1:
         raise ValueError(f"--seqlen must be >= 1, got {args.seqlen}")
@@ -270,21 +266,16 @@ def cmd_which(args) -> int:
             cap = _gpu.capability_of(name)
             if cap is None:
                 raise ValueError(f"--gpu {args.gpu}: unknown GPU name (known: {', '.join(_gpu.KNOWN_GPUS)}; or auto)")
-    res = resolve(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
+    res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
     return 0
 
 
 def _open_db(path, mode="rw"):
-    from msa_codegen.cache.db import open_db
-
     return open_db(path, mode=mode)
 
 
 def cmd_db_list(args) -> int:
-    from msa_codegen.cache import shipped_db_path, user_db_path
-    from msa_codegen.cache.keys import is_current, triton_version
-
     path = shipped_db_path() if args.shipped else user_db_path(args.db)
     label = "shipped db" if args.shipped else "user db"
     if not path.exists():
@@ -312,10 +303,6 @@ def cmd_db_list(args) -> int:
 
 
 def cmd_db_export(args) -> int:
-    import json
-
-    from msa_codegen.cache import user_db_path
-
     path = user_db_path(args.db)
     if not path.exists():
         raise FileNotFoundError(2, "no tuning database", str(path))
@@ -332,10 +319,6 @@ def cmd_db_export(args) -> int:
 
 
 def cmd_db_import(args) -> int:
-    import json
-
-    from msa_codegen.cache import user_db_path
-
     if args.file == "-":
         text = sys.stdin.read()
     else:
@@ -354,8 +337,6 @@ def cmd_db_import(args) -> int:
 
 def _study_is_current(name: str) -> bool:
     """Whether a tuner study (``TuningKey.study_name``) is of the running Triton and kernels."""
-    from msa_codegen.cache.keys import is_current
-
     parts = name.split("|")   # the pattern is the 4th field; the last two are the versions
     if len(parts) < 4:
         return False
@@ -363,8 +344,6 @@ def _study_is_current(name: str) -> bool:
 
 
 def cmd_db_clear(args) -> int:
-    from msa_codegen.cache import user_db_path
-
     path = user_db_path(args.db)
     if not path.exists():
         print(f"user db {path}: no such file (nothing to clear)")
@@ -461,8 +440,6 @@ def main(argv=None) -> int:
         # without CUDA the interpreter must be chosen before triton is imported, and importing
         # msa_codegen already imports it (through torch._dynamo): the demo reruns itself with
         # TRITON_INTERPRET=1 when needed
-        from .tune import relaunch_in_interpreter
-
         code = relaunch_in_interpreter("msa_codegen.cli.main", argv)
         if code is not None:
             return code
@@ -475,8 +452,6 @@ def main(argv=None) -> int:
     except Exception as e:   # database and file errors: one line (MSA_CODEGEN_DEBUG=1 shows the traceback)
         if os.environ.get("MSA_CODEGEN_DEBUG"):
             raise
-        from .tune import error_line
-
         code, msg = error_line(e)
         print(f"msa-codegen: error: {msg}", file=sys.stderr)
         return code

@@ -74,7 +74,7 @@ def _target(requested: str) -> tuple[str, str, bool]:
     """(gpu name, capability, cuda) to tune for; UsageError when it is not the GPU present."""
     import torch
 
-    from .. import gpu as _gpu
+    from ..tuning import gpu as _gpu
 
     present = _gpu.current_gpu() if torch.cuda.is_available() else None
     name, cap = present if present else (_gpu.INTERPRETER, _gpu.INTERPRETER_CAPABILITY)
@@ -120,11 +120,13 @@ def run(args) -> int:
         raise RuntimeError("no CUDA GPU and TRITON_INTERPRET is not set (msa-tune sets it itself when run as "
                            "a command)")
 
-    from .. import parse
-    from ..cache import TuningKey, bucket, user_db_path
-    from ..cache.keys import torch_dtype
-    from ..cache.db import open_db
-    from ..lowering import MAX_SEQLEN
+    # imported here, after the interpreter was chosen (relaunch_in_interpreter): importing the
+    # package imports triton
+    from ..pattern.lowering import MAX_SEQLEN
+    from ..pattern.spec import parse
+    from ..tuning.database import open_db
+    from ..tuning.keys import TuningKey, bucket, torch_dtype
+    from ..tuning.lookup import user_db_path
 
     name, cap, _ = _target(args.gpu)
     pat = parse(args.pattern)                      # PatternError: one line
@@ -156,8 +158,8 @@ def run(args) -> int:
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
 
-    from ..tuner import tune
-    from ..tuner.measure import INTERP_MAX_SEQLEN, representative_problem
+    from ..tuning.search import tune
+    from ..tuning.measure import INTERP_MAX_SEQLEN, representative_problem
 
     if not cuda:
         print(f"no CUDA GPU: tuning in Triton's interpreter on the CPU, reduced problem (N <= {INTERP_MAX_SEQLEN}, "
@@ -241,13 +243,13 @@ def main(argv=None) -> int:
 
 def error_line(e: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) of an error that ends a command."""
-    from ..cache.db import DatabaseUnusable, SchemaError
-    from ..cache.lookup import _describe_failure
+    from ..tuning.database import DatabaseUnusable, SchemaError
+    from ..tuning.database import describe_failure
 
     if isinstance(e, DatabaseUnusable):
         return 1, " ".join(str(e).split())
     if getattr(e, "orig", None) is not None or type(e).__module__.startswith(("sqlalchemy", "sqlite3")):
-        return 1, "tuning database: " + " ".join(_describe_failure(e).split())
+        return 1, "tuning database: " + " ".join(describe_failure(e).split())
     msg = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, FileNotFoundError) and e.filename:
         return 2, f"no such file: {e.filename}"

@@ -1,0 +1,220 @@
+"""The public entry points: ``attention`` and ``explain``.
+
+``attention`` checks its arguments (errors say what was expected and what was given), takes
+the call's plan (``plan.plan_for``: one dictionary hit after the first call of a key), checks
+the run-time sparsity inputs (``sparsity.inputs.prepare``) and runs the eager autograd route,
+or under torch.compile the custom op (``autograd.py``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from . import config as _config
+from .autograd import run, run_compiled
+from .config import as_list
+from .kernels.render import interpreting
+from .pattern.lowering import MAX_SEQLEN
+from .pattern.spec import Pattern, parse
+from .plan import plan_for
+from .sparsity.inputs import prepare
+from .tuning import lookup as tuning_lookup
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+#: ``attention(..., autotune=True)``'s tuner: ``tuning.auto`` installs ``ensure_tuned`` here when
+#: the package is imported (the tuner runs ``attention``, so the core calls it through this hook
+#: instead of importing it)
+_autotuner = None
+
+
+def install_autotuner(fn) -> None:
+    """Set the function ``attention(..., autotune=True)`` calls as ``fn(q, k, pattern_text)``."""
+    global _autotuner
+    _autotuner = fn
+
+
+def _check_inputs(q, k, v, scale, lengths_may_differ=False):
+    """Raise TypeError / ValueError saying what was expected and what was given."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, hq, n, d = q.shape
+    bk, hkv, nk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"batch mismatch: q has B={b}, k and v have B={bk}")
+    if nk != n and not lengths_may_differ:
+        raise ValueError(f"sequence length mismatch: q has N={n}, k and v have N={nk} "
+                         f"(different lengths need q_pos and k_pos)")
+    if dk != d:
+        raise ValueError(f"head dim mismatch: q has D={d}, k and v have D={dk}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
+    if not 16 <= d <= 256:
+        raise ValueError(f"head dim must be between 16 and 256, got {d}")
+    if max(n, nk) > MAX_SEQLEN:
+        raise ValueError(f"sequence length must be at most {MAX_SEQLEN}, got {max(n, nk)}")
+    if q.device.type == "cpu":
+        if not interpreting():
+            raise ValueError(
+                "q, k and v are CPU tensors, but the kernels run on CUDA: move them to a GPU, or set "
+                "TRITON_INTERPRET=1 in the environment before msa_codegen loads its kernels to run them "
+                "in Triton's interpreter (slow; for tests)")
+        if q.dtype == torch.bfloat16:
+            raise TypeError("bfloat16 is not supported in Triton's interpreter (its bf16 tl.dot is wrong as "
+                            "of Triton 3.9); use float16 or float32 on the CPU, or a GPU")
+    elif q.device.type != "cuda":
+        raise ValueError(f"unsupported device {q.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+
+
+def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None = None,
+              return_lse: bool = False, deterministic: bool = True, cu_seqlens=None, q_pos=None, k_pos=None,
+              q_bucket=None, k_bucket=None, block_indices=None, autotune: bool = False):
+    """Sparse attention through a pattern, with autograd.
+
+    Args:
+        q: ``(B, Hq, N, D)``, float16 / bfloat16 (float32 accepted), any strides: a ``(B, N, H, D)``
+            tensor passed as ``.transpose(1, 2)`` is read in place.
+        k, v: ``(B, Hkv, N, D)``, same dtype and device; Hq a multiple of Hkv (GQA / MQA, K and V
+            are never copied).
+        pattern: a pattern string (see ``msa_codegen.parse``) or a ``Pattern``; default dense causal.
+        scale: softmax scale, default ``D ** -0.5``.
+        return_lse: also return the natural-log log-sum-exp, float32 ``(B, Hq, N)`` (differentiable).
+        deterministic: the backward never uses atomics, so it is always deterministic; the flag
+            is accepted for API compatibility.
+        autotune: when no tuned row of this GPU and length bucket exists for the call's key, tune
+            it now (once per process, a short budget, progress on stderr) and store the winner in
+            the user database (``msa_codegen.tuning.auto``). Default off: tuning never happens
+            implicitly.
+
+    Run-time sparsity (each composes with any pattern; no gradient flows into them; see
+    ``msa_codegen.sparsity.inputs`` for the exact semantics):
+        cu_seqlens: int32 ``(num_docs + 1,)`` offsets of packed documents along N (B must be 1),
+            from 0 to N, non-decreasing. Tokens see only their own document; the pattern's
+            positions restart at every document (``sink=4``: each document's first 4 tokens)::
+
+                cu_seqlens = [0, 3, 5], "causal"      k: 0 1 2 3 4
+                                                q 0:  x . . . .
+                                                q 1:  x x . . .
+                                                q 2:  x x x . .
+                                                q 3:  . . . x .
+                                                q 4:  . . . x x
+        q_pos, k_pos: int32/int64 ``(B, Hq, Nq)`` / ``(B, Hkv, Nk)`` or broadcastable (``(Nq,)``):
+            original positions of compacted rows; the pattern is evaluated on them and Nq may
+            differ from Nk. Non-decreasing along the sequence (blocks are skipped by position
+            ranges).
+        q_bucket, k_bucket: int32/int64, shaped like the positions: a query sees a key only when
+            their buckets are equal. Rows sorted by (bucket, position) (``hash_sort`` does it).
+        block_indices: int32 ``(B, Hkv, ceil(Nq / block), K)`` key-block ids per query block and
+            KV head for the pattern term ``topk=K`` (-1 unused, any order, duplicates allowed);
+            ``select_blocks`` computes them. Blocks are blocks of rows of the tensors as passed.
+
+    Returns:
+        the output ``(B, Hq, N, D)`` in q's dtype and layout (and the LSE). A query that sees no
+        key gets a zero row and LSE ``-inf``, and its gradients are zero.
+
+    Example::
+
+        out = msa_codegen.attention(q, k, v, "window=4096,dilation=2,sink=64")
+        out.sum().backward()
+    """
+    _check_inputs(q, k, v, scale, lengths_may_differ=q_pos is not None)
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    scale = float(d ** -0.5 if scale is None else scale)
+    # the run-time kind of the kernels: rows with positions (every run-time input but
+    # block_indices), with segments (documents, buckets), with positions restarting per document
+    positional = cu_seqlens is not None or q_pos is not None or q_bucket is not None
+    segments = cu_seqlens is not None or q_bucket is not None
+    classes = cu_seqlens is not None
+    run_time = dict(cu_seqlens=cu_seqlens, q_pos=q_pos, k_pos=k_pos, q_bucket=q_bucket, k_bucket=k_bucket,
+                    block_indices=block_indices)
+    if torch.compiler.is_compiling():
+        return _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time)
+    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes)
+    dynamic = positional or block_indices is not None or plan.has_topk
+    if autotune:
+        if dynamic:
+            raise ValueError("autotune=True tunes a pattern's own kernels; with run-time sparsity (cu_seqlens, "
+                             "positions, buckets, topk) the kernels depend on the data: tune the plain pattern "
+                             "(msa-tune --pattern ...) and call without autotune")
+        _autotuner(q, k, plan.pattern_text)
+        plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes)
+    forced = _config.override()
+    cfg = plan.config if forced is None else forced
+    if not dynamic:
+        out, lse = run(q, k, v, plan, scale, cfg)
+        return (out, lse) if return_lse else out
+    dyn = prepare(plan.head_groups, b, hq, hkv, nq, nk, q.device, **run_time)
+    if dyn.positional and nq != nk and plan.has_random:
+        raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
+    # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
+    out, lse = run(q, k, v, plan, scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg, dyn.block_indices)
+    return (out, lse) if return_lse else out
+
+
+@torch._dynamo.assume_constant_result
+def _compiled_plan(pattern: str, device: str, dtype: str, head_dim: int, hq: int, hkv: int, seqlen: int,
+                   positional: bool, segments: bool, classes: bool) -> tuple:
+    # Called eagerly under torch.compile (its result is a constant of the graph): building a
+    # plan parses, lowers and reads the tuning databases, none of which may be traced.
+    plan = plan_for(pattern, torch.device(device), getattr(torch, dtype), head_dim, hq, hkv, seqlen, positional,
+                    segments, classes)
+    return plan.pattern_text, plan.config_list, plan.has_topk, plan.has_random
+
+
+def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time):
+    """``attention`` under torch.compile: the custom op, with the plan's pattern and config as constants."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    text, config_list, has_topk, has_random = _compiled_plan(
+        pattern if isinstance(pattern, str) else str(pattern), str(q.device), str(q.dtype).replace("torch.", ""),
+        d, hq, hkv, nq, positional, segments, classes)
+    forced = _config.override()
+    config_list = list(config_list) if forced is None else as_list(forced)
+    if not (positional or run_time["block_indices"] is not None or has_topk):
+        out, lse = run_compiled(q, k, v, text, scale, config_list)
+        return (out, lse) if return_lse else out
+    dyn = prepare(parse(text).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
+    if dyn.positional and nq != nk and has_random:
+        raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
+    out, lse = run_compiled(q, k, v, text, scale, config_list, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg,
+                            dyn.block_indices, classes)
+    return (out, lse) if return_lse else out
+
+
+def explain(q, k, v, pattern="causal"):
+    """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
+
+    Returns a ``Resolution``: ``.fwd`` / ``.bwd`` hold ``.config`` and ``.source`` (``"user db
+    PATH (h200, bucket 131072)"``, ``"heuristic default"``, ...); ``str()`` prints it. Inside
+    ``use_config(...)`` the forced configuration is reported. Example::
+
+        >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-dim tensor (B, H, N, D), got {getattr(t, 'shape', type(t))}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
+    res = tuning_lookup.lookup(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
+    forced = _config.override()
+    if forced is not None:
+        res = dataclasses.replace(res, fwd=tuning_lookup.Choice(forced.fwd, tuning_lookup.OVERRIDE),
+                                  bwd=tuning_lookup.Choice(forced.bwd, tuning_lookup.OVERRIDE))
+    return res

@@ -1,0 +1,126 @@
+"""What a tuning row is keyed by, and the versions of what is running now.
+
+Kept free of SQLAlchemy: ``lookup`` imports it, and the database layer is imported only when
+a database file exists. A row's kernel hash is ``kernels.render.kernel_hash`` of its pattern.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+
+from ..config import BwdConfig, FwdConfig, length_bucket
+from ..kernels.render import kernel_hash
+from ..pattern.spec import parse
+from ..version import __version__
+
+DIRECTIONS = ("fwd", "bwd")
+
+# dtype names as stored (torch's names without the "torch." prefix), and the short CLI spelling
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPE_NAMES = tuple(DTYPES.values())
+
+
+#: The sequence-length bucket of a length: the power of two >= it, at least 1024
+bucket = length_bucket
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` / ``"bf16"`` / ``"bfloat16"`` -> ``"bfloat16"``."""
+    if isinstance(dtype, torch.dtype):
+        name = str(dtype).replace("torch.", "")
+    else:
+        name = DTYPES.get(str(dtype), str(dtype).replace("torch.", ""))
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of bf16, fp16, fp32 (bfloat16, float16, float32), got {dtype!r}")
+    return name
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16`` (see ``dtype_name``)."""
+    return getattr(torch, dtype_name(dtype))
+
+
+def canonical_pattern(pattern) -> str:
+    return str(parse(pattern))
+
+
+@functools.lru_cache(maxsize=1)
+def triton_version() -> str:
+    return str(triton.__version__)
+
+
+def is_current(pattern: str, triton: str, kernels: str) -> bool:
+    """Whether a stored row (its pattern, Triton version and kernel hash) runs on this
+    installation: same Triton, same generated kernels. A pattern that no longer parses is not."""
+    if triton != triton_version():
+        return False
+    try:
+        return kernels == kernel_hash(pattern)
+    except ValueError:
+        return False
+
+
+def library_version() -> str:
+    return __version__
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningKey:
+    """The key of one row. ``bucket`` is already a bucket (see ``bucket``)."""
+
+    gpu: str
+    capability: str
+    pattern: str          # canonical (str(parse(p)))
+    direction: str        # "fwd" | "bwd"
+    dtype: str            # "bfloat16" | "float16" | "float32"
+    head_dim: int
+    gqa_group: int
+    bucket: int
+    triton_version: str
+    template_hash: str
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+
+    @classmethod
+    def current(cls, gpu: str, capability: str, pattern, direction: str, dtype, head_dim: int, gqa_group: int,
+                seqlen: int) -> "TuningKey":
+        """The key of a problem on this installation (running Triton and templates)."""
+        return cls(gpu, capability, canonical_pattern(pattern), direction, dtype_name(dtype), int(head_dim),
+                   int(gqa_group), bucket(seqlen), triton_version(), kernel_hash(pattern))
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def study_name(self) -> str:
+        """Name of the Optuna study that tunes this key (shared by every process tuning it)."""
+        return "msa|" + "|".join(
+            [self.gpu, self.capability, self.pattern, self.direction, self.dtype, f"d{self.head_dim}",
+             f"g{self.gqa_group}", f"n{self.bucket}", f"triton-{self.triton_version}", self.template_hash])
+
+
+KEY_FIELDS = tuple(f.name for f in dataclasses.fields(TuningKey))
+
+
+def config_from_row(direction: str, values) -> FwdConfig | BwdConfig:
+    """The FwdConfig / BwdConfig of a stored ``config`` dict (TypeError / ValueError if invalid)."""
+    if not isinstance(values, dict):
+        raise TypeError(f"config must be an object, got {type(values).__name__}")
+    cls = FwdConfig if direction == "fwd" else BwdConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if set(values) != fields:
+        raise ValueError(f"expected the fields {sorted(fields)}, got {sorted(values)}")
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if name.startswith("block_") and v & (v - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if name.startswith("block_") and v < 16:
+            raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+    return cls(**values)

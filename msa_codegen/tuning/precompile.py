@@ -1,0 +1,111 @@
+"""Compile a batch of candidate configurations in parallel before they are timed.
+
+A trial's cost on a GPU is mostly Triton's compile of the candidate's kernels (seconds for
+the forward, more for the three backward kernels), not its timing (a few hundred ms). The
+tuner therefore asks the sampler for a batch of candidates, has worker processes run each
+once on a small problem (which compiles it into Triton's on-disk cache) all at the same
+time, and only then checks and times them one after another in its own process, where the
+kernels load from that cache. Nothing is timed while the workers run.
+
+The small problem keeps what Triton specialises a kernel on: the same heads, head dim,
+dtype and pattern, and a length with the timed length's remainder mod 16 (strides and
+lengths divisible by 16 or not alike), so that the cache entry is the one the timed launch
+looks up. Were it not, the timed launch would compile again: slower, never wrong.
+
+A candidate that fails to compile or launch in a worker is reported as failed with that
+error, without being retried in the tuner's process.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import multiprocessing
+import os
+
+import torch
+
+from .. import api
+from ..config import as_list, from_list, use_config
+from .keys import dtype_name
+from .measure import error_line
+
+_pool: cf.ProcessPoolExecutor | None = None
+_pool_size = 0
+WARM_SEQLEN = 1024
+
+
+def workers() -> int:
+    """Worker processes: half the CPUs (each compile runs ptxas and LLVM), at most 8."""
+    return max(2, min(8, (os.cpu_count() or 2) // 2))
+
+
+def _get_pool(n: int) -> cf.ProcessPoolExecutor:
+    global _pool, _pool_size
+    if _pool is None or _pool_size != n:
+        shutdown()
+        # spawn: a fresh interpreter per worker (CUDA cannot be forked once initialised)
+        _pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+        _pool_size = n
+    return _pool
+
+
+def shutdown() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None
+
+
+atexit.register(shutdown)
+
+
+def warm_seqlen(seqlen: int) -> int:
+    """A short length that Triton specialises like ``seqlen`` (same remainder mod 16)."""
+    if seqlen <= WARM_SEQLEN + 16:
+        return seqlen
+    return WARM_SEQLEN + seqlen % 16
+
+
+def _warm(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int, dtype_name: str, device: str,
+          direction: str, cfg_values: list[int]) -> str | None:
+    """(In a worker.) Run one candidate once; None, or the error that stopped it."""
+    try:
+        dtype = getattr(torch, dtype_name)
+        g = torch.Generator(device="cpu").manual_seed(7)
+        q = torch.randn(1, heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
+        k = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
+        v = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
+        with use_config(from_list(cfg_values)):
+            if direction == "fwd":
+                with torch.no_grad():
+                    api.attention(q, k, v, pattern)
+            else:
+                for t in (q, k, v):
+                    t.requires_grad_()
+                out = api.attention(q, k, v, pattern)
+                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return None
+    except Exception as e:   # compile errors, out of resources: the candidate fails
+        return error_line(e)
+
+
+def compile_all(problem, direction: str, configs: list, n_workers: int | None = None) -> list[str | None]:
+    """Run every config once in parallel worker processes; per config None or its error."""
+    if not configs:
+        return []
+    pool = _get_pool(n_workers or workers())
+    n = warm_seqlen(problem.seqlen)
+    futures = [pool.submit(_warm, problem.pattern, problem.heads, problem.kv_heads, n, problem.head_dim,
+                           dtype_name(problem.dtype), problem.device, direction, as_list(cfg)) for cfg in configs]
+    out = []
+    for f in futures:
+        try:
+            out.append(f.result())
+        except cf.process.BrokenProcessPool:
+            # a worker died (killed by the OS, say): not the candidate's fault; the tuner's own
+            # process compiles it, and the next batch gets a fresh pool
+            out.append(None)
+            shutdown()
+    return out

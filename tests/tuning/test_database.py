@@ -1,0 +1,187 @@
+"""The tuning database (msa_codegen.tuning.database, keys, models, migrations, gpu): keys,
+schema, rows, exports, the kernel hash and the migration of schema-1 files."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+
+from msa_codegen.kernels.render import kernel_hash
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+from msa_codegen.tuning import gpu as gpu_mod
+from msa_codegen.tuning import lookup as lookup_mod
+from msa_codegen.tuning.database import SchemaError, TuningDB
+from msa_codegen.tuning.keys import bucket
+from msa_codegen.tuning.lookup import reload
+
+from tuning_helpers import FWD, PATTERN, _as_schema_1, call_config, put, row, tmp_home, which  # noqa: F401 (tmp_home: autouse)
+
+
+# ---- keys -------------------------------------------------------------------------------------
+
+def test_bucket():
+    assert [bucket(n) for n in (1, 64, 1024, 1025, 4096, 100_000, 131072, 131073)] == \
+        [1024, 1024, 1024, 2048, 4096, 131072, 131072, 262144]
+    with pytest.raises(ValueError):
+        bucket(0)
+
+
+@pytest.mark.parametrize("raw,short", [
+    ("NVIDIA H200", "h200"), ("NVIDIA GH200 480GB", "h200"), ("NVIDIA H200 NVL", "h200"),
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100"), ("NVIDIA B200", "b200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA A10G", "a10g"), ("NVIDIA L40S", "l40s"), ("NVIDIA L4", "l4"),
+    ("Tesla T4", "t4"), ("NVIDIA GeForce RTX 4090", "rtx4090"), ("h100", "h100"), ("H200", "h200"),
+    ("Some Future GPU X9", "some-future-gpu-x9"),
+])
+def test_gpu_names(raw, short):
+    assert gpu_mod.normalize(raw) == short
+
+
+def test_gpu_present():
+    if torch.cuda.is_available():
+        name, cap = gpu_mod.current_gpu()
+        assert name and "." in cap
+    else:
+        assert gpu_mod.current_gpu() is None
+        assert gpu_mod.gpu_of("cpu") == ("cpu-interpreter", "cpu")
+    assert gpu_mod.capability_of("h100") == gpu_mod.capability_of("h200") == "9.0"
+
+
+# ---- the database -----------------------------------------------------------------------------
+
+def test_schema_wal_and_version(tmp_path):
+    path = tmp_path / "t.db"
+    put(path, row())
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert con.execute("SELECT app, version FROM msa_schema").fetchone() == ("msa-codegen-tuning", 2)
+    cols = {r[1] for r in con.execute("PRAGMA table_info(msa_tuning)")}
+    assert {"gpu", "capability", "pattern", "direction", "dtype", "head_dim", "gqa_group", "bucket", "triton_version",
+            "template_hash", "config", "median_ms", "spread_ms", "tflops", "trials", "library_version", "created_at",
+            "provenance"} <= cols
+    con.execute("UPDATE msa_schema SET version = 99")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaError, match="newer"):
+        TuningDB(path)
+
+
+def test_put_replaces_and_keeps_faster(tmp_path):
+    path = tmp_path / "t.db"
+    put(path, row(median_ms=2.0))
+    with TuningDB(path) as db:
+        assert not db.put(row(median_ms=3.0, config={**FWD, "block_m": 128}), keep_faster=True)
+        assert db.rows()[0]["median_ms"] == 2.0
+        assert db.put(row(median_ms=1.5, config={**FWD, "block_m": 128}), keep_faster=True)
+        (r,) = db.rows()
+        assert r["median_ms"] == 1.5 and r["config"]["block_m"] == 128
+        with pytest.raises(ValueError, match="block_m"):
+            db.put(row(config={**FWD, "block_m": 48}))
+
+
+def test_export_import_roundtrip(tmp_path):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    put(a, row(), row(direction="bwd"), row(gpu="h100", bucket_=4096))
+    with TuningDB(a) as db:
+        doc = db.export()
+    with TuningDB(b) as db:
+        assert db.import_(doc) == 3
+        assert db.rows() == TuningDB(a, mode="ro").rows()
+        with pytest.raises(ValueError, match="format"):
+            db.import_({"rows": []})
+        with pytest.raises(ValueError, match="missing field 'median_ms'"):
+            bad = dict(doc, rows=[{k: v for k, v in doc["rows"][0].items() if k != "median_ms"}])
+            db.import_(bad)
+
+
+def test_shipped_copy(tmp_path, monkeypatch):
+    """write_shipped_copy: only the tuning rows, rollback journal; read through mode=ro."""
+    from msa_codegen.tuning.database import write_shipped_copy
+
+    src, dst = tmp_path / "user.db", tmp_path / "shipped.db"
+    put(src, row(), row(direction="bwd"))
+    sqlite3.connect(src).execute("CREATE TABLE studies (study_id INTEGER)")   # as if Optuna had been there
+    assert write_shipped_copy(src, dst) == 2
+    con = sqlite3.connect(dst)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert "studies" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    con.close()
+    assert which().source == f"shipped db {dst} (h200, bucket 131072)"
+
+
+def test_rows_are_keyed_by_the_kernel_sources_of_their_pattern(monkeypatch):
+    from msa_codegen.kernels import render as codegen
+
+    # same kernels (canonical spellings of one pattern) -> same key; other kernels -> another
+    assert kernel_hash("window=8,dilation=2") == kernel_hash("dilation=2,window=8,causal")
+    assert len({kernel_hash(p) for p in ("window=8,dilation=2", "window=16", "causal", "causal=false",
+                                            "window=8,sink=4", "0-1:window=8;2-3:causal")}) == 6
+    # the header line (template hash, library version) is not part of it: a change of the
+    # templates that leaves a pattern's kernels alone keeps its rows
+    before = codegen.kernel_hash.__wrapped__("window=8,dilation=2")
+    monkeypatch.setattr(codegen, "templates_digest", lambda: "another-template")
+    assert "another-template" in codegen.render(lower(parse("window=8,dilation=2").groups[0].spec), "fwd")
+    assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") == before
+
+
+def test_a_comment_in_the_kernels_keeps_the_key(monkeypatch):
+    """The key hashes the kernels' code: comments and blank lines added to the rendered text (a
+    comment edit in a template) leave it; a change of code does not."""
+    from msa_codegen.kernels import render as codegen
+
+    real = codegen.render
+    before = codegen.kernel_hash.__wrapped__("window=8,dilation=2")
+    commented = lambda plan, d: real(plan, d).replace("\n", "\n    # a note, and a blank line\n\n", 3)   # noqa: E731
+    monkeypatch.setattr(codegen, "render", commented)
+    assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") == before
+    monkeypatch.setattr(codegen, "render", lambda plan, d: real(plan, d) + "EXTRA = 1\n")
+    assert codegen.kernel_hash.__wrapped__("window=8,dilation=2") != before
+    assert codegen.code_only("x = '#not a comment'  # a comment\n\n  \ny = 2\n") == "x = '#not a comment'\ny = 2\n"
+
+
+def test_schema_1_user_db_is_rekeyed_on_open(tmp_home):
+    """A user database of schema 1 (rows keyed by the old hash, comments included) is migrated
+    the first time the lookup reads it: its rows run, the file is schema 2, and a row that
+    matched no kernels stays stale."""
+    path = tmp_home / "tuning.db"
+    put(path, row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=1024,
+                  config={**FWD, "block_m": 16, "num_stages": 1}),
+        row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=4096))
+    _as_schema_1(path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE msa_tuning SET template_hash = '0123456789abcdef' WHERE bucket = 4096")
+    con.commit()
+    con.close()
+    reload()
+    cfg, source = call_config(40)
+    assert source.startswith("fwd: user db") and cfg.fwd.block_m == 16
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT version FROM msa_schema").fetchone() == (2,)
+    hashes = dict(con.execute("SELECT bucket, template_hash FROM msa_tuning").fetchall())
+    con.close()
+    assert hashes == {1024: kernel_hash(PATTERN), 4096: "0123456789abcdef"}
+
+
+def test_schema_1_export_is_rekeyed_on_import(tmp_path):
+    from msa_codegen.tuning.migrations import kernel_hash_v1
+
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    put(a, row(), row(direction="bwd"))
+    with TuningDB(a) as db:
+        doc = db.export()
+    doc = dict(doc, schema_version=1, rows=[dict(r, template_hash=kernel_hash_v1(r["pattern"])) for r in doc["rows"]])
+    with TuningDB(b) as db:
+        assert db.import_(doc) == 2
+        assert {r["template_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}
+
+
+def test_shipped_rows_are_for_the_current_kernels():
+    """Every row of the shipped database was measured on the kernels this checkout generates: a
+    template change orphans rows by their kernel hash, and then they must be re-tuned or removed
+    (the README describes the shipped rows as current)."""
+    with TuningDB(lookup_mod.SHIPPED_DB, mode="ro") as db:
+        rows = db.rows()
+    stale = [(r["pattern"], r["direction"]) for r in rows if r["template_hash"] != kernel_hash(r["pattern"])]
+    assert not stale, f"shipped rows measured on other kernels: {stale}"
