@@ -74,6 +74,11 @@ def random_tables(spec: Spec, seqlen: int, device: torch.device) -> tuple[torch.
     return _random_tables(spec, seqlen, str(device))
 
 
+def clear_cache() -> None:
+    """Forget the tables ``random_tables`` has built (for callers that replace how they are drawn)."""
+    _random_tables.cache_clear()
+
+
 def random_block_mask(spec: Spec, seqlen: int) -> torch.Tensor:
     """bool ``(nb, nb)`` block mask of the random term (for the dense reference only: small N)."""
     table = random_block_table_cpu(spec, seqlen).to(torch.int64)
