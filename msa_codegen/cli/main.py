@@ -43,10 +43,9 @@ REPORT = "please report it, with every line above, on the msa-codegen issue trac
 def _versions() -> str:
     import platform
 
-    import torch
     import triton
 
-    from .. import __version__
+    from ..version import __version__
 
     return (f"msa-codegen {__version__}, torch {torch.__version__}, Triton {triton.__version__}, "
             f"Python {platform.python_version()}")
@@ -55,14 +54,10 @@ def _versions() -> str:
 def cmd_demo(args) -> int:
     """The README example: forward and backward of one pattern, checked against the float64
     reference (output and every gradient). Prints the versions first, so that a failure names them."""
-    import torch
-
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is loaded
     print(_versions())
-    from ..pattern.spec import parse
-
     pattern = parse(args.pattern)   # a bad pattern is the caller's error: main reports it in one line
     try:
         ok = _demo(pattern, args.seqlen, cuda)
@@ -78,8 +73,6 @@ def cmd_demo(args) -> int:
 
 
 def _demo(pat, seqlen: int | None, cuda: bool) -> bool:
-    import torch
-
     import msa_codegen as msa
 
     if cuda:
