@@ -1,0 +1,5 @@
+"""MSA, MiniMax Sparse Attention: proxy-selected per-query top-k block attention with a KL teaching signal."""
+from .api import msa_attention, msa_select
+from .reference import reference_msa, reference_select
+
+__all__ = ["msa_attention", "msa_select", "reference_msa", "reference_select"]

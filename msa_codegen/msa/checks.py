@@ -1,0 +1,85 @@
+"""Argument checks of the MSA entry points: errors say what was expected and what was given."""
+from __future__ import annotations
+
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BLOCKS = (64, 128)
+
+
+def _tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims (B, heads, N, head_dim), got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    return t
+
+
+def check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=None, b=None, device=None) -> None:
+    """Checks of ``msa_select``'s arguments (and the proxy half of ``msa_attention``'s)."""
+    _tensor("q_proxy", q_proxy)
+    _tensor("k_proxy", k_proxy)
+    bq, hp, nq, dp = q_proxy.shape
+    bk, hpk, nk, dpk = k_proxy.shape
+    if q_proxy.dtype != k_proxy.dtype:
+        raise TypeError(f"q_proxy and k_proxy must share one dtype, got {q_proxy.dtype} and {k_proxy.dtype}")
+    if q_proxy.device != k_proxy.device or (device is not None and q_proxy.device != device):
+        raise ValueError(f"all tensors must be on one device, got q_proxy on {q_proxy.device}, k_proxy on "
+                         f"{k_proxy.device}" + (f", q on {device}" if device is not None else ""))
+    if bq != bk or (b is not None and bq != b):
+        raise ValueError(f"batch mismatch: q_proxy has B={bq}, k_proxy B={bk}" + (f", q B={b}" if b is not None else ""))
+    if nq != nk or (n is not None and nq != n):
+        raise ValueError(f"sequence length mismatch: q_proxy has N={nq}, k_proxy N={nk}"
+                         + (f", q N={n}" if n is not None else ""))
+    if dp != dpk:
+        raise ValueError(f"proxy head dim mismatch: q_proxy has Dp={dp}, k_proxy Dp={dpk}")
+    if not 16 <= dp <= 256:
+        raise ValueError(f"proxy head dim must be between 16 and 256, got Dp={dp}")
+    if hpk < 1 or hp % hpk:
+        raise ValueError(f"proxy query heads must be a multiple of proxy key heads, got Hp={hp}, Hpk={hpk}")
+    if block not in BLOCKS:
+        raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < block or top_k % block:
+        raise ValueError(f"top_k counts tokens and must be a positive multiple of block={block}, got {top_k!r}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (
+                torch.int32, torch.int64):
+            raise TypeError("cu_seqlens must be an int32/int64 tensor of shape (num_docs + 1,)")
+        if bq != 1:
+            raise ValueError(f"cu_seqlens packs documents along N and needs B=1, got B={bq}")
+        if cu_seqlens.device != q_proxy.device:
+            raise ValueError(f"cu_seqlens must be on {q_proxy.device}, got {cu_seqlens.device}")
+        cu = cu_seqlens.tolist()
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != nq or any(a > c for a, c in zip(cu, cu[1:])):
+            raise ValueError(f"cu_seqlens must rise from 0 to N={nq} (non-decreasing), got {cu[:8]}"
+                             + ("..." if len(cu) > 8 else ""))
+
+
+def check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, interpreter_ok=False) -> None:
+    """Checks of ``msa_attention``'s tensors: shapes, head counts, dtypes and devices."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, t)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, h, n, d = q.shape
+    bk, hkv, nk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"batch mismatch: q has B={b}, k and v have B={bk}")
+    if nk != n:
+        raise ValueError(f"sequence length mismatch: q has N={n}, k and v have N={nk}")
+    if dk != d:
+        raise ValueError(f"head dim mismatch: q has D={d}, k and v have D={dk}")
+    if not 16 <= d <= 256:
+        raise ValueError(f"head dim must be between 16 and 256, got D={d}")
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"query heads must be a multiple of key/value heads, got H={h}, Hkv={hkv}")
+    check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=n, b=b, device=q.device)
+    hp = q_proxy.shape[1]
+    if h % hp:
+        raise ValueError(f"query heads must be a multiple of proxy heads, got H={h}, Hp={hp}")

@@ -1,0 +1,241 @@
+"""Launchers of the MSA kernels: grids, work lists, buffers and strides.
+
+``select`` runs the fused selection. ``reverse_index`` turns selections into per key block
+lists of queries and cuts them into work items; ``dense_items`` does the same for warm-up, where
+every query after a block's start reads it. ``forward`` / ``backward`` run the main attention and
+the teaching signal on those items.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.render import interpreter_compat
+from ..kernels.schedule import block_d, cdiv, dot_precision
+
+#: entries (query, proxy head) per work item: long lists (a block every query picks) are cut so
+#: that no program walks much more than its share
+ITEM_ENTRIES = 256
+#: rows of a main-attention tile: entries x the proxy group's heads
+TILE_ROWS = 64
+
+_module = None
+
+
+def kernels():
+    """The kernel module, imported on first use (TRITON_INTERPRET is read when kernels are defined)."""
+    global _module
+    if _module is None:
+        interpreter_compat()
+        _module = importlib.import_module(".kernels", __package__)
+    return _module
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _last_stride_one(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def doc_starts(cu_seqlens, n: int, device) -> torch.Tensor | None:
+    """``(N,)`` int32: the first position of each position's document (None without documents)."""
+    if cu_seqlens is None:
+        return None
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    doc = torch.searchsorted(cu[1:], torch.arange(n, device=device), right=True)
+    return cu[doc].to(torch.int32)
+
+
+@dataclass(frozen=True)
+class Heads:
+    """Head layout: H main, Hkv key/value, Hp proxy, Hpk proxy key heads; G = H / Hp heads per proxy."""
+    h: int
+    hkv: int
+    hp: int
+    hpk: int
+
+    @property
+    def g(self) -> int:
+        return self.h // self.hp
+
+    @property
+    def g_kv(self) -> int:
+        return self.h // self.hkv
+
+    @property
+    def span(self) -> int:
+        """How many KV heads one proxy group's main heads read (1 when proxy groups nest in KV groups)."""
+        return max((p * self.g + self.g - 1) // self.g_kv - (p * self.g) // self.g_kv + 1 for p in range(self.hp))
+
+
+def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart) -> torch.Tensor:
+    """``(B, Hp, N, K)`` int32 selected key blocks per query, ascending, -1 unused (contract step 2)."""
+    b, hp, n, dp = q_proxy.shape
+    hpk = k_proxy.shape[1]
+    nk = top_k // block
+    qp, kp = _last_stride_one(q_proxy), _last_stride_one(k_proxy)
+    idx = torch.empty(b, hp, n, nk, dtype=torch.int32, device=q_proxy.device)
+    block_k = max(2, _pow2(nk))
+    # the running top-K lives in registers: fewer rows per tile as K grows
+    block_m = 64 if block_k <= 64 else 32 if block_k <= 128 else 16
+    grid = (cdiv(n, block_m), b * hp)
+    kernels().msa_select_kernel[grid](
+        qp, kp, dstart if dstart is not None else idx, idx,
+        qp.stride(0), qp.stride(1), qp.stride(2), kp.stride(0), kp.stride(1), kp.stride(2),
+        n, float(proxy_scale),
+        HP=hp, HP_PER_K=hp // hpk, DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_M=block_m, K=nk,
+        BLOCK_K=block_k, HAS_DOCS=dstart is not None, DOT_PREC=dot_precision(q_proxy.dtype),
+        num_warps=4)
+    return idx
+
+
+def _items(counts: torch.Tensor, base: torch.Tensor, bound: int) -> torch.Tensor:
+    """Work items over lists (``counts`` entries from ``base``): ``(3, T)`` int32 rows (list, start,
+    length), at most ``ITEM_ENTRIES`` entries each. T is ``bound``, an upper limit known without
+    reading the counts back (no host sync); the spare items have length 0."""
+    n_lists = counts.numel()
+    per = (counts + ITEM_ENTRIES - 1) // ITEM_ENTRIES
+    ends = torch.cumsum(per, 0)
+    t = torch.arange(bound, device=counts.device)
+    lst = torch.searchsorted(ends, t, right=True).clamp_(max=n_lists - 1)
+    first = ends[lst] - per[lst]
+    start = base[lst] + (t - first) * ITEM_ENTRIES
+    length = (base[lst] + counts[lst] - start).clamp_(0, ITEM_ENTRIES)
+    length = torch.where(t < ends[-1], length, torch.zeros_like(length))
+    return torch.stack([lst, start, length]).to(torch.int32).contiguous()
+
+
+def reverse_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each (batch x proxy head, key block): the selection entries that chose it.
+
+    Returns ``rev`` (flat positions ``((b * Hp + p) * N + i) * K + slot`` into ``idx``, grouped by
+    list, queries ascending within a list) and the work items over it. O(N K) memory.
+    """
+    b, hp, n, nk = idx.shape
+    total = idx.numel()
+    if total >= 2 ** 31:
+        raise ValueError(f"B * Hp * N * K = {total} selection entries: at most 2**31 - 1 are supported")
+    flat = idx.reshape(-1).long()
+    pos = torch.arange(total, device=idx.device)
+    n_lists = b * hp * n_blocks
+    list_of = torch.where(flat >= 0, (pos // (n * nk)) * n_blocks + flat, torch.full_like(flat, n_lists))
+    _, order = torch.sort(list_of, stable=True)
+    counts = torch.bincount(list_of, minlength=n_lists + 1)[:n_lists]
+    base = torch.cumsum(counts, 0) - counts
+    bound = cdiv(total, ITEM_ENTRIES) + n_lists
+    return order.to(torch.int32), _items(counts, base, bound)
+
+
+def dense_items(b: int, hp: int, n: int, block: int, cu_seqlens) -> torch.Tensor:
+    """Warm-up's work items: key block kb is read by queries kb * block .. end of its last key's document."""
+    n_blocks = cdiv(n, block)
+    device = cu_seqlens.device if cu_seqlens is not None else None
+    lo = torch.arange(n_blocks, device=device) * block
+    if cu_seqlens is None:
+        hi = torch.full_like(lo, n)
+    else:
+        cu = cu_seqlens.long()
+        last = (lo + block).clamp(max=n) - 1
+        hi = cu[torch.searchsorted(cu[1:], last, right=True) + 1]
+    counts = (hi - lo).repeat(b * hp)
+    base = lo.repeat(b * hp)
+    bound = b * hp * (cdiv(n * n_blocks, ITEM_ENTRIES) + n_blocks)
+    return _items(counts, base, bound)
+
+
+def _strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _tile_entries(g: int) -> tuple[int, int]:
+    gp = _pow2(g)
+    return max(16, TILE_ROWS // gp), gp
+
+
+def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, block: int, scale: float,
+            proxy_scale: float, dstart, *, dense: bool, with_out: bool, with_kl: bool, lse=None, lse_proxy=None):
+    """The main attention forward over work items.
+
+    Without ``lse``: pass 1 (partial LSEs) then the merge, then pass 2. Returns ``(out, lse,
+    lse_proxy, kl)``: out ``(B, H, N, D)`` in q's dtype (None unless ``with_out``), the natural-log
+    LSEs ``(B, H, N)`` / ``(B, Hp, N)`` float32, and the exact KL (None unless ``with_kl``).
+    """
+    b, h, n, d = q.shape
+    dp = q_proxy.shape[-1]
+    dev = q.device
+    bq, gp = _tile_entries(heads.g)
+    n_items = items.shape[1]
+    consts = dict(H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
+                  SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
+                  BLOCK=block, BLOCK_Q=bq, HAS_DOCS=dstart is not None, DENSE=dense,
+                  DOT_PREC=dot_precision(q.dtype), num_warps=4)
+    log2e = 1.4426950408889634
+    rev_arg = rev if rev is not None else items
+    ds_arg = dstart if dstart is not None else items
+    args = lambda lse_, lsep_, lp, lpp, o32, klr: (  # noqa: E731
+        q, k, v, q_proxy, k_proxy, ds_arg, items, rev_arg, lse_, lsep_, lp, lpp, o32, klr,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(q_proxy), *_strides(k_proxy),
+        n, cdiv(n, block), n_items, scale * log2e, proxy_scale * log2e)
+    fwd = kernels().msa_fwd_kernel
+    if lse is None:
+        lse_part = torch.full((b, heads.hp, n, n_sel, heads.g), float("-inf"), device=dev)
+        lsep_part = torch.full((b, heads.hp, n, n_sel), float("-inf"), device=dev)
+        fwd[(n_items,)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
+                        PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
+        lse = torch.logsumexp(lse_part, dim=3).permute(0, 1, 3, 2).reshape(b, h, n).contiguous()
+        lse_proxy = torch.logsumexp(lsep_part, dim=3).contiguous()
+        del lse_part, lsep_part
+    o32 = torch.zeros(b, h, n, d, device=dev, dtype=torch.float32) if with_out else lse
+    kl_rows = torch.zeros(b, heads.hp, n, device=dev, dtype=torch.float32) if with_kl else lse
+    if with_out or with_kl:
+        fwd[(n_items,)](*args(lse, lse_proxy, lse, lse, o32, kl_rows),
+                        PASS=2, WITH_OUT=with_out, WITH_KL=with_kl, **consts)
+    out = o32.to(q.dtype) if with_out else None
+    kl = kl_rows.sum() / (b * heads.hp * n) if with_kl else None
+    return out, lse, lse_proxy, kl
+
+
+def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items, rev, n_sel: int, heads: Heads,
+             block: int, scale: float, proxy_scale: float, dstart, *, dense: bool):
+    """Gradients: dq, dk, dv from ``do`` (None: skipped) and dq_proxy, dk_proxy from ``kl_grad``
+    (the KL's incoming gradient, a 0-dim tensor; None: skipped). Float32 accumulators, atomics."""
+    b, h, n, d = q.shape
+    dp = q_proxy.shape[-1]
+    dev = q.device
+    main, teach = do is not None, kl_grad is not None
+    bq, gp = _tile_entries(heads.g)
+    n_items = items.shape[1]
+    f32 = dict(device=dev, dtype=torch.float32)
+    dq = torch.zeros(b, h, n, d, **f32) if main else lse
+    dk = torch.zeros(b, heads.hkv, n, d, **f32) if main else lse
+    dv = torch.zeros(b, heads.hkv, n, d, **f32) if main else lse
+    dqp = torch.zeros(b, heads.hp, n, dp, **f32) if teach else lse
+    dkp = torch.zeros(b, heads.hpk, n, dp, **f32) if teach else lse
+    if main:
+        do = _last_stride_one(do)
+        delta = (do.float() * out.float()).sum(-1).contiguous()
+    else:
+        do, delta = q, lse
+    c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
+    block_n = min(block, 64)
+    log2e = 1.4426950408889634
+    grid = (n_items, block // block_n, heads.span)
+    kernels().msa_bwd_kernel[grid](
+        q, k, v, q_proxy, k_proxy, do, dstart if dstart is not None else items, items,
+        rev if rev is not None else items, lse, delta, lse_proxy, c_kl, dq, dk, dv, dqp, dkp,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(q_proxy), *_strides(k_proxy), *_strides(do),
+        n, cdiv(n, block), n_items, heads.hkv, heads.hpk, scale * log2e, proxy_scale * log2e, scale, proxy_scale,
+        H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv, KSEL=n_sel,
+        D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq,
+        MAIN=main, WITH_KL=teach, HAS_DOCS=dstart is not None, DENSE=dense, DOT_PREC=dot_precision(q.dtype),
+        num_warps=4)
+    grads = [None] * 5
+    if main:
+        grads[:3] = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]
+    if teach:
+        grads[3:] = [dqp.to(q_proxy.dtype), dkp.to(k_proxy.dtype)]
+    return grads
