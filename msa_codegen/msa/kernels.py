@@ -224,7 +224,7 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                 # teacher: the mean probability over the proxy's main heads; student: softmax of the proxy
                 b_t = tl.sum(tl.reshape(b_pr, (BLOCK_Q, GP, BLOCK)), axis=1) / G
                 e_lsep = tl.load(LSEP + (i_bp * N + e_i), mask=m_e, other=0.0)
-                b_logs = b_sp * LN2 - e_lsep[:, None]
+                b_logs = tl.where(m_ek, b_sp * LN2 - e_lsep[:, None], 0.0)
                 b_kl = tl.where(b_t > 0, b_t * (tl.log(tl.where(b_t > 0, b_t, 1.0)) - b_logs), 0.0)
                 tl.atomic_add(KL_ROWS + (i_bp * N + e_i), tl.sum(b_kl, axis=1), mask=m_e)
 
