@@ -23,8 +23,8 @@ teaching gradient is fused there, from the probabilities the backward computes a
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -124,15 +124,18 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                    H: tl.constexpr, HP: tl.constexpr, HP_PER_K: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                    G_KV: tl.constexpr, SPAN: tl.constexpr, KSEL: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, DP: tl.constexpr, BLOCK_DP: tl.constexpr,
-                   BLOCK: tl.constexpr, BLOCK_Q: tl.constexpr,
+                   BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                    PASS: tl.constexpr, WITH_OUT: tl.constexpr, WITH_KL: tl.constexpr, HAS_DOCS: tl.constexpr,
                    DENSE: tl.constexpr, DOT_PREC: tl.constexpr):
     """PASS 1: partial LSEs (main heads and proxy) per entry. PASS 2: P @ V into O32 and the KL terms.
 
-    qk_scale / pk_scale are the main / proxy softmax scales times log2(e): scores in log2 units.
+    Grid: (work item, BLOCK / BLOCK_N key sub-blocks). qk_scale / pk_scale are the main / proxy
+    softmax scales times log2(e): scores in log2 units.
     """
     M: tl.constexpr = BLOCK_Q * GP
+    SUB: tl.constexpr = BLOCK // BLOCK_N
     i_t = tl.program_id(0)
+    i_sub = tl.program_id(1)
     lst = tl.load(ITEMS + i_t)
     length = tl.load(ITEMS + 2 * n_items + i_t)
     i_bp = lst // NBLK
@@ -142,7 +145,7 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     i_pk = i_p // HP_PER_K
     h0 = i_p * G
     kv0 = h0 // G_KV
-    o_n = kb * BLOCK + tl.arange(0, BLOCK)
+    o_n = kb * BLOCK + i_sub * BLOCK_N + tl.arange(0, BLOCK_N)
     # (a scalar in a vector mask trips the interpreter: fold it into the bound)
     m_n = o_n < tl.where(length > 0, N, 0)
     o_d = tl.arange(0, BLOCK_D)
@@ -154,14 +157,14 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     r_h = h0 + r_g
     r_kv = r_h // G_KV
     if SPAN == 1:
-        # [BLOCK, BLOCK_D] the block's keys and values, read once for every gathered query
+        # [BLOCK_N, BLOCK_D] the sub-block's keys and values, read once for every gathered query
         b_k = tl.load(K + i_b * s_kb + kv0 * s_kh + o_n[:, None] * s_kn + o_d[None, :],
                       mask=m_n[:, None] & m_d[None, :], other=0.0)
         if PASS == 2:
             b_v = tl.load(V + i_b * s_vb + kv0 * s_vh + o_n[:, None] * s_vn + o_d[None, :],
                           mask=m_n[:, None] & m_d[None, :], other=0.0)
     if PASS == 1 or WITH_KL:
-        # [BLOCK, BLOCK_DP]
+        # [BLOCK_N, BLOCK_DP]
         b_kp = tl.load(KP + i_b * s_pkb + i_pk * s_pkh + o_n[:, None] * s_pkn + o_dp[None, :],
                        mask=m_n[:, None] & m_dp[None, :], other=0.0)
     for c in range(0, length, BLOCK_Q):
@@ -170,18 +173,18 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
             e_start = tl.load(DSTART + e_i, mask=m_e, other=0)
         else:
             e_start = tl.zeros([BLOCK_Q], dtype=tl.int32)
-        # [BLOCK_Q, BLOCK] the keys each entry's query may see in this block
+        # [BLOCK_Q, BLOCK_N] the keys each entry's query may see in this block
         m_ek = (o_n[None, :] <= e_i[:, None]) & (o_n[None, :] >= e_start[:, None]) & m_e[:, None] & m_n[None, :]
         r_i = _rows(e_i, BLOCK_Q, GP)
         r_m = _rows(m_e, BLOCK_Q, GP) & (r_g < G)
-        m_rk = tl.reshape(tl.broadcast_to(m_ek[:, None, :], (BLOCK_Q, GP, BLOCK)), (M, BLOCK)) & r_m[:, None]
+        m_rk = tl.reshape(tl.broadcast_to(m_ek[:, None, :], (BLOCK_Q, GP, BLOCK_N)), (M, BLOCK_N)) & r_m[:, None]
         # [M, BLOCK_D]
         b_q = tl.load(Q + i_b * s_qb + r_h[:, None] * s_qh + r_i[:, None] * s_qn + o_d[None, :],
                       mask=r_m[:, None] & m_d[None, :], other=0.0)
         if SPAN == 1:
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
         else:
-            b_s = tl.zeros([M, BLOCK], dtype=tl.float32)
+            b_s = tl.zeros([M, BLOCK_N], dtype=tl.float32)
             for t in tl.static_range(SPAN):
                 b_kt = tl.load(K + i_b * s_kb + (kv0 + t) * s_kh + o_n[:, None] * s_kn + o_d[None, :],
                                mask=m_n[:, None] & m_d[None, :], other=0.0)
@@ -189,7 +192,7 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                 b_s = tl.where((r_kv == kv0 + t)[:, None], b_st, b_s)
         b_s = tl.where(m_rk, b_s, float("-inf"))
         if PASS == 1 or WITH_KL:
-            # [BLOCK_Q, BLOCK_DP], [BLOCK_Q, BLOCK]
+            # [BLOCK_Q, BLOCK_DP], [BLOCK_Q, BLOCK_N]
             b_qp = tl.load(QP + i_b * s_pqb + i_p * s_pqh + e_i[:, None] * s_pqn + o_dp[None, :],
                            mask=m_e[:, None] & m_dp[None, :], other=0.0)
             b_sp = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC) * pk_scale
@@ -198,12 +201,12 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
             b_m = tl.max(b_s, axis=1)
             b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
             b_l = tl.sum(tl.exp2(b_s - b_m[:, None]), axis=1)
-            tl.store(LSE_PART + _rows(e_pos, BLOCK_Q, GP) * G + r_g, (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * LN2,
+            tl.store(LSE_PART + (_rows(e_pos, BLOCK_Q, GP) * SUB + i_sub) * G + r_g, (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * LN2,
                      mask=r_m & (b_l > 0))
             b_mp = tl.max(b_sp, axis=1)
             b_mp = tl.where(b_mp == float("-inf"), 0.0, b_mp)
             b_lp = tl.sum(tl.exp2(b_sp - b_mp[:, None]), axis=1)
-            tl.store(LSEP_PART + e_pos, (b_mp + tl.log2(tl.where(b_lp > 0, b_lp, 1.0))) * LN2, mask=m_e & (b_lp > 0))
+            tl.store(LSEP_PART + e_pos * SUB + i_sub, (b_mp + tl.log2(tl.where(b_lp > 0, b_lp, 1.0))) * LN2, mask=m_e & (b_lp > 0))
         else:
             # [M] the merged LSE in log2 units
             r_lse = tl.load(LSE + ((i_b * H + r_h) * N + r_i), mask=r_m, other=0.0) * LOG2E
@@ -219,14 +222,14 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                         b_pt = tl.where((r_kv == kv0 + t)[:, None], b_pr, 0.0)
                         b_o += tl.dot(b_pt.to(b_vt.dtype), b_vt, input_precision=DOT_PREC)
                 tl.atomic_add(O32 + ((i_b * H + r_h[:, None]) * N + r_i[:, None]) * D + o_d[None, :], b_o,
-                              mask=r_m[:, None] & m_d[None, :])
+                              mask=r_m[:, None] & m_d[None, :], sem="relaxed")
             if WITH_KL:
                 # teacher: the mean probability over the proxy's main heads; student: softmax of the proxy
-                b_t = tl.sum(tl.reshape(b_pr, (BLOCK_Q, GP, BLOCK)), axis=1) / G
+                b_t = tl.sum(tl.reshape(b_pr, (BLOCK_Q, GP, BLOCK_N)), axis=1) / G
                 e_lsep = tl.load(LSEP + (i_bp * N + e_i), mask=m_e, other=0.0)
                 b_logs = tl.where(m_ek, b_sp * LN2 - e_lsep[:, None], 0.0)
                 b_kl = tl.where(b_t > 0, b_t * (tl.log(tl.where(b_t > 0, b_t, 1.0)) - b_logs), 0.0)
-                tl.atomic_add(KL_ROWS + (i_bp * N + e_i), tl.sum(b_kl, axis=1), mask=m_e)
+                tl.atomic_add(KL_ROWS + (i_bp * N + e_i), tl.sum(b_kl, axis=1), mask=m_e, sem="relaxed")
 
 
 @triton.jit
@@ -308,7 +311,7 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
             b_ds = (b_pr * (b_dp - r_delta[:, None])).to(b_q.dtype)
             b_dk += tl.dot(tl.trans(b_ds), b_q, input_precision=DOT_PREC)
             b_dq = tl.dot(b_ds, b_k, input_precision=DOT_PREC) * scale
-            tl.atomic_add(DQ + r_off[:, None] * D + o_d[None, :], b_dq, mask=r_m[:, None] & m_d[None, :])
+            tl.atomic_add(DQ + r_off[:, None] * D + o_d[None, :], b_dq, mask=r_m[:, None] & m_d[None, :], sem="relaxed")
         if WITH_KL:
             # [BLOCK_Q, BLOCK_DP], [BLOCK_Q, BLOCK_N]
             b_qp = tl.load(QP + i_b * s_pqb + i_p * s_pqh + e_i[:, None] * s_pqn + o_dp[None, :],
@@ -322,11 +325,11 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
             b_dkp += tl.dot(tl.trans(b_dsp), b_qp, input_precision=DOT_PREC)
             b_dqp = tl.dot(b_dsp, b_kp, input_precision=DOT_PREC) * p_scale
             tl.atomic_add(DQP + (i_bp * N + e_i)[:, None] * DP + o_dp[None, :], b_dqp,
-                          mask=m_e[:, None] & m_dp[None, :])
+                          mask=m_e[:, None] & m_dp[None, :], sem="relaxed")
     if MAIN:
         p_kv = ((i_b * HKV + i_kv) * N + o_n[:, None]) * D + o_d[None, :]
-        tl.atomic_add(DK + p_kv, b_dk * scale, mask=m_n[:, None] & m_d[None, :])
-        tl.atomic_add(DV + p_kv, b_dv, mask=m_n[:, None] & m_d[None, :])
+        tl.atomic_add(DK + p_kv, b_dk * scale, mask=m_n[:, None] & m_d[None, :], sem="relaxed")
+        tl.atomic_add(DV + p_kv, b_dv, mask=m_n[:, None] & m_d[None, :], sem="relaxed")
     if WITH_KL:
         tl.atomic_add(DKP + ((i_b * HPK + i_pk) * N + o_n[:, None]) * DP + o_dp[None, :], b_dkp * p_scale,
-                      mask=m_n[:, None] & m_dp[None, :])
+                      mask=m_n[:, None] & m_dp[None, :], sem="relaxed")

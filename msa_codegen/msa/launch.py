@@ -169,10 +169,14 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     dev = q.device
     bq, gp = _tile_entries(heads.g)
     n_items = items.shape[1]
+    # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
+    # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
+    block_n = block if max(d, dp) <= 128 else 32
+    sub = block // block_n
     consts = dict(H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                   SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
-                  BLOCK=block, BLOCK_Q=bq, HAS_DOCS=dstart is not None, DENSE=dense,
-                  DOT_PREC=dot_precision(q.dtype), num_warps=4)
+                  BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=dstart is not None, DENSE=dense,
+                  DOT_PREC=dot_precision(q.dtype), num_warps=8)
     log2e = 1.4426950408889634
     rev_arg = rev if rev is not None else items
     ds_arg = dstart if dstart is not None else items
@@ -182,9 +186,9 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
         n, cdiv(n, block), n_items, scale * log2e, proxy_scale * log2e)
     fwd = kernels().msa_fwd_kernel
     if lse is None:
-        lse_part = torch.full((b, heads.hp, n, n_sel, heads.g), float("-inf"), device=dev)
-        lsep_part = torch.full((b, heads.hp, n, n_sel), float("-inf"), device=dev)
-        fwd[(n_items,)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
+        lse_part = torch.full((b, heads.hp, n, n_sel * sub, heads.g), float("-inf"), device=dev)
+        lsep_part = torch.full((b, heads.hp, n, n_sel * sub), float("-inf"), device=dev)
+        fwd[(n_items, sub)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
                         PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
         lse = torch.logsumexp(lse_part, dim=3).permute(0, 1, 3, 2).reshape(b, h, n).contiguous()
         lse_proxy = torch.logsumexp(lsep_part, dim=3).contiguous()
@@ -192,7 +196,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     o32 = torch.zeros(b, h, n, d, device=dev, dtype=torch.float32) if with_out else lse
     kl_rows = torch.zeros(b, heads.hp, n, device=dev, dtype=torch.float32) if with_kl else lse
     if with_out or with_kl:
-        fwd[(n_items,)](*args(lse, lse_proxy, lse, lse, o32, kl_rows),
+        fwd[(n_items, sub)](*args(lse, lse_proxy, lse, lse, o32, kl_rows),
                         PASS=2, WITH_OUT=with_out, WITH_KL=with_kl, **consts)
     out = o32.to(q.dtype) if with_out else None
     kl = kl_rows.sum() / (b * heads.hp * n) if with_kl else None
@@ -221,7 +225,8 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     else:
         do, delta = q, lse
     c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
-    block_n = min(block, 64)
+    # 32 keys per program: dK, dV and the proxy's dK stay in registers without spilling at D = 128
+    block_n = 32
     log2e = 1.4426950408889634
     grid = (n_items, block // block_n, heads.span)
     kernels().msa_bwd_kernel[grid](
@@ -232,7 +237,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
         H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv, KSEL=n_sel,
         D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq,
         MAIN=main, WITH_KL=teach, HAS_DOCS=dstart is not None, DENSE=dense, DOT_PREC=dot_precision(q.dtype),
-        num_warps=4)
+        num_warps=8)
     grads = [None] * 5
     if main:
         grads[:3] = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]

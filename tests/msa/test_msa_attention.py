@@ -56,6 +56,7 @@ CASES = [
     pytest.param(1, 2, 1, 2, 2, 16, 16, 64, 128, False, id="n1"),
     pytest.param(190, 4, 1, 4, 2, 32, 32, 64, 192, True, id="n190-docs-mqa"),
     pytest.param(129, 2, 2, 2, 1, 80, 48, 128, 128, False, id="n129-d80-dp48-k1"),
+    pytest.param(100, 2, 1, 1, 1, 160, 32, 64, 128, False, id="n100-d160-key-sub-blocks"),
 ]
 
 
