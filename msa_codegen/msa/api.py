@@ -90,7 +90,7 @@ class _WarmupTeaching(torch.autograd.Function):
         heads = launch.Heads(q.shape[1], k.shape[1], q_proxy.shape[1], k_proxy.shape[1])
         _, lse_proxy = attention(q_proxy, k_proxy, k_proxy, "causal", scale=proxy_scale, return_lse=True,
                                  cu_seqlens=cu_seqlens)
-        items = launch.dense_items(q.shape[0], heads.hp, q.shape[2], block, cu_seqlens)
+        items = launch.dense_items(q.shape[0], heads.hp, q.shape[2], block, cu_seqlens, q.device)
         if return_kl:
             _, _, _, kl = launch.forward(q, k, v, q_proxy, k_proxy, items, None, 1, heads, block, scale, proxy_scale,
                                          dstart, dense=True, with_out=False, with_kl=True, lse=lse,

@@ -7,20 +7,20 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKS = (64, 128)
 
 
-def _tensor(name: str, t) -> torch.Tensor:
+def _tensor(name: str, t, float64_ok=False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims (B, heads, N, head_dim), got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOAT_DTYPES:
+    if t.dtype not in _FLOAT_DTYPES and not (float64_ok and t.dtype == torch.float64):
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     return t
 
 
-def check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=None, b=None, device=None) -> None:
+def check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=None, b=None, device=None, float64_ok=False) -> None:
     """Checks of ``msa_select``'s arguments (and the proxy half of ``msa_attention``'s)."""
-    _tensor("q_proxy", q_proxy)
-    _tensor("k_proxy", k_proxy)
+    _tensor("q_proxy", q_proxy, float64_ok)
+    _tensor("k_proxy", k_proxy, float64_ok)
     bq, hp, nq, dp = q_proxy.shape
     bk, hpk, nk, dpk = k_proxy.shape
     if q_proxy.dtype != k_proxy.dtype:
@@ -57,10 +57,11 @@ def check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=None, b=None, de
                              + ("..." if len(cu) > 8 else ""))
 
 
-def check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, interpreter_ok=False) -> None:
-    """Checks of ``msa_attention``'s tensors: shapes, head counts, dtypes and devices."""
+def check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, float64_ok=False) -> None:
+    """Checks of ``msa_attention``'s tensors: shapes, head counts, dtypes and devices (float64:
+    the reference only)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _tensor(name, t)
+        _tensor(name, t, float64_ok)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -79,7 +80,7 @@ def check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, interp
         raise ValueError(f"head dim must be between 16 and 256, got D={d}")
     if hkv < 1 or h % hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads, got H={h}, Hkv={hkv}")
-    check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=n, b=b, device=q.device)
+    check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=n, b=b, device=q.device, float64_ok=float64_ok)
     hp = q_proxy.shape[1]
     if h % hp:
         raise ValueError(f"query heads must be a multiple of proxy heads, got H={h}, Hp={hp}")

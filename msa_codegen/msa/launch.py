@@ -130,10 +130,9 @@ def reverse_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch
     return order.to(torch.int32), _items(counts, base, bound)
 
 
-def dense_items(b: int, hp: int, n: int, block: int, cu_seqlens) -> torch.Tensor:
+def dense_items(b: int, hp: int, n: int, block: int, cu_seqlens, device) -> torch.Tensor:
     """Warm-up's work items: key block kb is read by queries kb * block .. end of its last key's document."""
     n_blocks = cdiv(n, block)
-    device = cu_seqlens.device if cu_seqlens is not None else None
     lo = torch.arange(n_blocks, device=device) * block
     if cu_seqlens is None:
         hi = torch.full_like(lo, n)
@@ -149,6 +148,12 @@ def dense_items(b: int, hp: int, n: int, block: int, cu_seqlens) -> torch.Tensor
 
 def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _stages(d: int, dp: int) -> int:
+    """Software pipelining depth of the gathered loads: above head dim 128, three stages of 64-row
+    tiles overflow the 227 KiB of shared memory (Triton 3.6 on the H200 asked for 262 KiB)."""
+    return 1 if max(d, dp) > 128 else 3
 
 
 def _tile_entries(g: int) -> tuple[int, int]:
@@ -176,7 +181,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     consts = dict(H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                   SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
                   BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=dstart is not None, DENSE=dense,
-                  DOT_PREC=dot_precision(q.dtype), num_warps=8)
+                  DOT_PREC=dot_precision(q.dtype), num_warps=8, num_stages=_stages(d, dp))
     log2e = 1.4426950408889634
     rev_arg = rev if rev is not None else items
     ds_arg = dstart if dstart is not None else items
@@ -237,7 +242,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
         H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv, KSEL=n_sel,
         D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq,
         MAIN=main, WITH_KL=teach, HAS_DOCS=dstart is not None, DENSE=dense, DOT_PREC=dot_precision(q.dtype),
-        num_warps=8)
+        num_warps=8, num_stages=_stages(d, dp))
     grads = [None] * 5
     if main:
         grads[:3] = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]

@@ -79,7 +79,7 @@ def reference_msa(q, k, v, q_proxy, k_proxy, top_k: int, *, block: int = 128, sc
     ``out`` ``(B, H, N, D)`` float64 is differentiable in q, k, v; ``kl`` (0-dim float64) in
     q_proxy and k_proxy only (the teacher is detached). Inputs of any float dtype.
     """
-    check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, interpreter_ok=True)
+    check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, float64_ok=True)
     b, h, n, d = q.shape
     hkv, hp, dp = k.shape[1], q_proxy.shape[1], q_proxy.shape[-1]
     scale = d ** -0.5 if scale is None else scale
