@@ -152,20 +152,25 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
     k_pos = torch.cat([torch.arange(lo, hi, device=q.device, dtype=torch.int32) for _, lo, hi in plan[me]])
     local_bi = None
     if block_indices is not None:
-        local_bi = _local_block_indices(pattern, hq, block_indices, off[me], n_me)
+        local_bi = _local_block_indices(pattern, hq, block_indices, off[me], n_me, k_loc.shape[2])
     return attention(q, k_loc, v_loc, pattern, scale=scale, return_lse=return_lse, q_pos=q_pos, k_pos=k_pos,
                      block_indices=local_bi)
 
 
-def _local_block_indices(pattern: Pattern, hq: int, block_indices, start: int, n_me: int):
-    """The rows of the global ``block_indices`` for a slice starting on a block boundary (the fetched
-    keys start at row 0, so key block ids stay global)."""
+def _local_block_indices(pattern: Pattern, hq: int, block_indices, start: int, n_me: int, nk: int):
+    """The rows of the global ``block_indices`` for a slice starting on a block boundary.
+
+    The fetched keys are rows ``[0, nk)`` (a topk term needs every key before the slice's end), so
+    key block ids stay global; ids past them (causal: blocks after every query of the slice, which
+    no query sees) become -1, unused.
+    """
     blocks = {s.block for _, _, s in pattern.head_groups(hq) if s.topk}
     if not blocks:
         return block_indices   # attention() says that no topk term wants them
     blk = blocks.pop()
     first = start // blk
-    return block_indices[:, :, first:first + math.ceil(n_me / blk)]
+    local = block_indices[:, :, first:first + math.ceil(n_me / blk)]
+    return torch.where(local < math.ceil(nk / blk), local, torch.full_like(local, -1))
 
 
 def _empty(q, k, v, return_lse):
