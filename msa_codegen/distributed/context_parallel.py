@@ -124,7 +124,6 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
     lens = _check_meta(_gather_meta(q, k, comm), seq_lens)
     _check_inputs(q, k, v, scale, lengths_may_differ=False)
     b, hq, n_me, d = q.shape
-    hkv = k.shape[1]
     pattern.head_groups(hq)   # a head-range mismatch raises here, on every rank alike
     off = halo.offsets(lens)
     n = off[-1]
