@@ -13,10 +13,12 @@ from .pattern.reference import mask, reference_attention
 from .api import attention, explain
 from .sparsity.selection import hash_sort, select_blocks
 from .msa import msa_attention, msa_select, reference_msa
+from .distributed import context_parallel_attention
 from .config import BwdConfig, FwdConfig, LaunchConfig, use_config
 from .tuning import auto as _autotune   # installs attention(..., autotune=True)'s tuner  # noqa: F401
 
 __all__ = [
-    "attention", "msa_attention", "msa_select", "reference_msa", "parse", "mask", "reference_attention", "select_blocks", "hash_sort", "Pattern", "PatternError", "Spec",
+    "attention", "msa_attention", "msa_select", "reference_msa", "context_parallel_attention", "parse", "mask",
+    "reference_attention", "select_blocks", "hash_sort", "Pattern", "PatternError", "Spec",
     "LaunchConfig", "FwdConfig", "BwdConfig", "use_config", "explain", "__version__",
 ]

@@ -1,0 +1,180 @@
+"""Context-parallel sparse attention: the sequence sharded over the ranks of a process group.
+
+Rank r holds the contiguous rows ``[start_r, end_r)`` of q, k and v. A call:
+
+1. all-gathers a few integers per rank (slice length, shapes, dtype): the lengths when
+   ``seq_lens`` is not given, and the same clear error on every rank when shapes disagree;
+2. fetches the K/V rows the rank's queries can see from their owners (``halo.py`` says which:
+   a window's halo, the sinks, everything for dense/global/topk), one batch of P2P ops;
+3. runs the single-device kernels on (local queries, fetched keys) with ``q_pos`` / ``k_pos``
+   set to the global rows, so the pattern is evaluated in global coordinates;
+4. in the backward, the kernels' dK/dV of fetched rows go back to their owners (``exchange.py``).
+
+Patterns a slice cannot evaluate with positions (``random``; ``topk`` with slices that do not
+start on a block boundary) are *replicated*: every rank fetches all of q, k and v, runs the whole
+call and keeps its rows of the output; the gradients flow back the same way.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..api import _check_inputs, attention
+from ..pattern.spec import Pattern, parse
+from . import halo
+from .exchange import Comm, fetch, make_comm
+
+_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+
+
+def resolve_group(group, mesh_dim=None):
+    """A ProcessGroup from ``group``: None (the default group), a ProcessGroup, a DeviceMesh (with
+    ``mesh_dim`` unless it is 1-D) or a ``(DeviceMesh, dim)`` pair."""
+    if isinstance(group, tuple):
+        if len(group) != 2:
+            raise ValueError(f"group as a tuple must be (DeviceMesh, mesh_dim), got {len(group)} items")
+        group, mesh_dim = group
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:   # pragma: no cover - torch without device_mesh
+        DeviceMesh = ()
+    if DeviceMesh and isinstance(group, DeviceMesh):
+        if mesh_dim is None and group.ndim != 1:
+            raise ValueError(f"group is a {group.ndim}-D DeviceMesh: say which dimension holds the sequence "
+                             f"(mesh_dim=, one of {group.mesh_dim_names or tuple(range(group.ndim))})")
+        return group.get_group(mesh_dim) if mesh_dim is not None else group.get_group()
+    if mesh_dim is not None:
+        raise ValueError("mesh_dim is only meaningful when group is a DeviceMesh")
+    return group
+
+
+def _gather_meta(q, k, comm: Comm) -> list[list[int]]:
+    """Every rank's ``[N_local, B, Hq, Hkv, D, dtype code]``, one all-gather of six integers."""
+    b, hq, n, d = q.shape
+    mine = torch.tensor([n, b, hq, k.shape[1], d, _DTYPE_CODES.get(q.dtype, 0)], dtype=torch.int64, device=q.device)
+    out = [torch.empty_like(mine) for _ in range(comm.size)]
+    dist.all_gather(out, mine, group=comm.group)
+    return [t.tolist() for t in out]
+
+
+def _check_meta(meta: list[list[int]], seq_lens) -> list[int]:
+    """The slice lengths; a ValueError naming the ranks when shapes or dtypes disagree (raised on every rank)."""
+    names = ("batch size B", "query heads Hq", "key/value heads Hkv", "head dim D", "dtype")
+    for col, name in enumerate(names, start=1):
+        values = [m[col] for m in meta]
+        if len(set(values)) > 1:
+            if name == "dtype":
+                codes = {c: str(t).replace("torch.", "") for t, c in _DTYPE_CODES.items()}
+                values = [codes.get(x, "other") for x in values]
+            raise ValueError(f"context_parallel_attention: every rank must pass the same {name}, got {values} "
+                             f"(rank by rank)")
+    lens = [m[0] for m in meta]
+    if seq_lens is not None:
+        given = [int(x) for x in seq_lens]
+        if given != lens:
+            raise ValueError(f"seq_lens={given} does not match the slices the ranks hold (lengths {lens})")
+    if sum(lens) == 0:
+        raise ValueError("context_parallel_attention: every rank holds zero tokens")
+    return lens
+
+
+def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group=None, seq_lens=None, *,
+                               mesh_dim=None, scale: float | None = None, return_lse: bool = False,
+                               block_indices=None):
+    """Sparse attention over a sequence sharded in contiguous slices across a process group.
+
+    Args:
+        q: ``(B, Hq, n_r, D)``, this rank's rows ``[start_r, start_r + n_r)`` of the queries (rank r
+            of the group holds the r-th slice; ``n_r`` may differ between ranks and may be 0).
+        k, v: ``(B, Hkv, n_r, D)``, the same rows of the keys and values; same dtype and device.
+        pattern: a pattern string or ``Pattern`` (``msa_codegen.parse``), evaluated on global positions.
+        group: a ProcessGroup (default: the default group), a DeviceMesh (1-D, or with ``mesh_dim``),
+            or a ``(DeviceMesh, mesh_dim)`` pair. NCCL for CUDA tensors, Gloo for CPU tensors.
+        seq_lens: every rank's ``n_r``, in rank order; checked against the slices. Default: read
+            from the one small all-gather every call makes.
+        scale: softmax scale, default ``D ** -0.5``.
+        return_lse: also return the float32 LSE ``(B, Hq, n_r)`` of this rank's queries.
+        block_indices: for ``topk=K``: the *global* int32 ``(B, Hkv, ceil(N / block), K)`` table, the
+            same on every rank.
+
+    Returns:
+        this rank's rows of ``msa_codegen.attention`` on the gathered sequence, ``(B, Hq, n_r, D)``
+        (and the LSE). Differentiable in q, k and v: the backward returns this rank's dq, dk, dv,
+        including the gradients other ranks computed for its keys.
+
+    Collective: every rank of the group must call it with the same pattern, and run the backward
+    when any rank does. Traffic per rank: ``halo.traffic_bytes``; measured: ``last_traffic()``.
+
+    Example::
+
+        # torchrun --nproc-per-node 2 ...; each rank holds N/2 tokens
+        out = msa_codegen.context_parallel_attention(q, k, v, "window=4096,dilation=2,sink=64")
+        out.sum().backward()
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-dim tensor (B, H, n_r, D), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    pattern = parse(pattern)
+    comm = make_comm(resolve_group(group, mesh_dim))
+    # before any check that could fail on one rank only: a rank that raised here would leave the
+    # others waiting in the all-gather, while what differs between ranks fails on all of them
+    lens = _check_meta(_gather_meta(q, k, comm), seq_lens)
+    _check_inputs(q, k, v, scale, lengths_may_differ=False)
+    b, hq, n_me, d = q.shape
+    pattern.head_groups(hq)   # a head-range mismatch raises here, on every rank alike
+    off = halo.offsets(lens)
+    n = off[-1]
+    me = comm.rank
+    scale = float(d ** -0.5 if scale is None else scale)
+
+    if halo.replicated(pattern, lens, hq):
+        whole = [[(0, n)] if ln else [] for ln in lens]
+        plan = halo.exchange_plan(whole, lens)
+        q_all, k_all, v_all = fetch([q, k, v], [plan, plan, plan], off, comm)
+        if n_me == 0:
+            return _empty(q, k, v, return_lse)
+        res = attention(q_all, k_all, v_all, pattern, scale=scale, return_lse=return_lse,
+                        block_indices=block_indices)
+        s, e = off[me], off[me + 1]
+        if return_lse:
+            return res[0][:, :, s:e], res[1][:, :, s:e]
+        return res[:, :, s:e]
+
+    plan = halo.exchange_plan(halo.needed_ranges(pattern, lens, hq), lens)
+    k_loc, v_loc = fetch([k, v], [plan, plan], off, comm)
+    if n_me == 0:
+        return _empty(q, k, v, return_lse)
+    q_pos = torch.arange(off[me], off[me + 1], device=q.device, dtype=torch.int32)
+    k_pos = torch.cat([torch.arange(lo, hi, device=q.device, dtype=torch.int32) for _, lo, hi in plan[me]])
+    local_bi = None
+    if block_indices is not None:
+        local_bi = _local_block_indices(pattern, hq, block_indices, off[me], n_me, k_loc.shape[2])
+    return attention(q, k_loc, v_loc, pattern, scale=scale, return_lse=return_lse, q_pos=q_pos, k_pos=k_pos,
+                     block_indices=local_bi)
+
+
+def _local_block_indices(pattern: Pattern, hq: int, block_indices, start: int, n_me: int, nk: int):
+    """The rows of the global ``block_indices`` for a slice starting on a block boundary.
+
+    The fetched keys are rows ``[0, nk)`` (a topk term needs every key before the slice's end), so
+    key block ids stay global; ids past them (causal: blocks after every query of the slice, which
+    no query sees) become -1, unused.
+    """
+    blocks = {s.block for _, _, s in pattern.head_groups(hq) if s.topk}
+    if not blocks:
+        return block_indices   # attention() says that no topk term wants them
+    blk = blocks.pop()
+    first = start // blk
+    local = block_indices[:, :, first:first + math.ceil(n_me / blk)]
+    return torch.where(local < math.ceil(nk / blk), local, torch.full_like(local, -1))
+
+
+def _empty(q, k, v, return_lse):
+    """The output of a rank that holds no tokens, still attached to q, k and v (zero gradients)."""
+    out = q.clone() + (k.sum() + v.sum()) * 0
+    if return_lse:
+        return out, q.new_empty(q.shape[:3], dtype=torch.float32)
+    return out

@@ -1,0 +1,244 @@
+"""context_parallel_attention over Gloo with 2, 3 and 4 processes (and NCCL on two GPUs): every
+rank's output and dq/dk/dv equal single-process ``attention`` on the gathered tensors, and the
+bytes each rank moved equal the halo formula (``halo.traffic_bytes``), not the whole sequence.
+
+One group of processes per world size runs all of that size's cases (``cp_worker.py``); each test
+then compares one case. Shapes are tiny: every rank runs the kernels in Triton's interpreter.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import msa_codegen as msa
+from msa_codegen.distributed import halo
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cp_worker import case_inputs  # noqa: E402
+
+WORKER = Path(__file__).parent / "cp_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+
+def _case(name, pattern, lens, **kw):
+    case = dict(name=name, pattern=pattern, lens=lens, B=1, Hq=2, Hkv=2, D=16, seed=len(name) * 7 + sum(lens))
+    case.update(kw)
+    return case
+
+
+#: per world size, the cases its one group of processes runs (names unique across sizes)
+CASES = {
+    2: [
+        _case("window", "window=24", [64, 64], local=True),
+        _case("window_dilation_sink", "window=12,dilation=3,sink=5", [60, 68], local=True),
+        _case("bidirectional_window", "causal=false,window=10,dilation=2", [64, 64], local=True),
+        _case("gqa_mqa", "window=16,sink=3", [64, 64], Hq=4, Hkv=1, D=32),
+        _case("dense_causal", "causal", [50, 46]),
+        _case("topk_aligned", "topk=2,block=16", [64, 64], topk=(2, 16)),
+        _case("random_replicated", "window=8,random=1,block=16,seed=3", [48, 48]),
+        _case("device_mesh_1d", "window=20", [48, 48], mesh=[2]),
+        _case("mismatched_heads", "window=8", [32, 32], Hq_by_rank={"1": 1}, error=True),
+    ],
+    3: [
+        _case("uneven_explicit_lens", "window=20,dilation=2", [30, 70, 28], local=True, pass_lens=True),
+        _case("head_groups", "0-1:window=6;2-3:causal=false,window=8,dilation=4,sink=2", [40, 40, 40], Hq=4),
+        _case("halo_longer_than_slice", "window=30,dilation=3,sink=4", [40, 32, 40]),
+        _case("sink_spans_ranks", "causal=false,window=4,sink=50", [32, 32, 32]),
+        _case("global_term", "causal=false,window=4,global=10", [32, 32, 32]),
+        _case("topk_unaligned_replicated", "window=4,topk=2,block=16", [40, 40, 40], topk=(2, 16)),
+    ],
+    4: [
+        _case("halo_spans_three_ranks", "causal=false,window=12,dilation=6", [24, 24, 24, 24]),
+        _case("zero_token_rank", "window=16,sink=2", [40, 0, 30, 26], local=True),
+        _case("mesh_2d_cp_dim", "window=12,dilation=2", [48, 48], local=True, mesh=[2, 2]),
+    ],
+}
+
+
+def _launch(world: int, run_dir: Path, cases: list, backend: str = "gloo", dtype: str = "float32") -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "cases.json").write_text(json.dumps(dict(cases=cases, dtype=dtype)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    if backend == "gloo":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    logs = [open(run_dir / f"rank{r}.log", "w") for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(run_dir), backend], env=env,
+                              stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
+    try:
+        _wait(procs, world)
+    finally:
+        for f in logs:
+            f.close()
+
+
+def _wait(procs, world):
+    # a rank that fails leaves the others waiting in a collective: stop them all at the first failure
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(p.poll() is None for p in procs):
+        failed = [r for r, p in enumerate(procs) if p.poll()]
+        if failed or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            logs = [Path(p.args[4], f"rank{r}.log").read_text() for r, p in enumerate(procs)]
+            what = f"rank {failed[0]} failed" if failed else f"no finish within {TIMEOUT_S}s (a hang?)"
+            pytest.fail(f"{world} ranks: {what}:\n" + "\n".join(f"--- rank {r}\n{log[-3000:]}"
+                                                                for r, log in enumerate(logs)))
+        time.sleep(0.2)
+    for r, p in enumerate(procs):
+        if p.returncode:
+            log = Path(p.args[4], f"rank{r}.log").read_text()
+            pytest.fail(f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The run directory of each world size, launched on first use."""
+    done = {}
+
+    def get(world):
+        if world not in done:
+            run_dir = tmp_path_factory.mktemp(f"cp{world}")
+            done[world] = None
+            _launch(world, run_dir, CASES[world])
+            done[world] = run_dir
+        if done[world] is None:
+            pytest.fail(f"the run with {world} ranks failed (see its first test)")
+        return done[world]
+    return get
+
+
+def _load(run_dir: Path, case: dict, world: int) -> list[dict]:
+    return [torch.load(run_dir / f"{case['name']}.{r}.pt") for r in range(world)]
+
+
+def _reference(case, dtype=torch.float32, device="cpu", dp=0):
+    q, k, v, dout, bi = case_inputs(case, dtype, device, dp)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = msa.attention(q, k, v, case["pattern"], block_indices=bi)
+    (out * dout).sum().backward()
+    return dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
+
+
+def _check(results: list[dict], case: dict, atol: float, dtype=torch.float32, device="cpu") -> None:
+    groups = sorted({r["dp"] for r in results})
+    for dp in groups:
+        ranks = sorted((r for r in results if r["dp"] == dp), key=lambda r: r["cp_rank"])
+        ref = _reference(case, dtype, device, dp)
+        for name in ("out", "dq", "dk", "dv"):
+            got = torch.cat([r[name] for r in ranks], dim=2).float()
+            want = ref[name].float().cpu()
+            err = (got - want).abs().max().item()
+            assert err <= atol * max(1.0, want.abs().max().item()), f"{case['name']} {name}: max error {err}"
+
+
+def _ids():
+    return [f"P{w}-{c['name']}" for w, cs in CASES.items() for c in cs]
+
+
+@pytest.mark.parametrize("world,case", [(w, c) for w, cs in CASES.items() for c in cs], ids=_ids())
+def test_matches_single_process(runs, world, case):
+    results = _load(runs(world), case, world)
+    if case.get("error"):
+        for r, res in enumerate(results):
+            assert "error" in res, f"rank {r} did not raise"
+            assert "query heads Hq" in res["error"], res["error"]
+        return
+    for r, res in enumerate(results):
+        assert "error" not in res, f"rank {r}: {res['traceback']}"
+    _check(results, case, atol=1e-4)
+    # traffic: what the formula says each rank receives and sends back, in both directions
+    want = halo.traffic_bytes(case["pattern"], case["lens"], batch=case["B"], q_heads=case["Hq"],
+                              kv_heads=case["Hkv"], head_dim=case["D"], itemsize=4)
+    for res in results:
+        t, w = res["traffic"], want[res["cp_rank"]]
+        assert t["forward_received"] == w == t["backward_sent"], (case["name"], res["cp_rank"], t, w)
+    sent = sum(r["traffic"]["forward_sent"] for r in results if r["dp"] == 0)
+    assert sent == sum(want), (case["name"], sent, want)
+    if case.get("local"):
+        # a local pattern moves less than an all-gather of K/V would (N - n_r rows to every rank)
+        per_row = case["B"] * case["Hkv"] * case["D"] * 4 * 2
+        n = sum(case["lens"])
+        assert all(w < (n - ln) * per_row for w, ln in zip(want, case["lens"]) if w), (want, case["lens"])
+
+
+# --- the halo formula, without processes ------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern,lens,want", [
+    ("window=8,dilation=2", [64, 64, 64], [[(0, 64)], [(50, 128)], [(114, 192)]]),
+    ("causal=false,window=8,dilation=2", [64, 64], [[(0, 78)], [(50, 128)]]),
+    ("window=4,sink=3", [10, 10, 10], [[(0, 10)], [(0, 3), (7, 20)], [(0, 3), (17, 30)]]),
+    ("window=100", [10, 10, 10], [[(0, 10)], [(0, 20)], [(0, 30)]]),            # reach past the start: clipped
+    ("causal=false,window=100", [10, 10], [[(0, 20)], [(0, 20)]]),             # and past the end
+    ("causal", [10, 0, 10], [[(0, 10)], [], [(0, 20)]]),                         # dense; a rank with no rows
+    ("causal=false,global=5", [10, 10], [[(0, 20)], [(0, 5), (10, 20)]]),
+    ("0-1:window=3;2-3:causal=false,window=2,dilation=5", [20, 20], [[(0, 25)], [(15, 40)]]),
+], ids=["dilated", "bidirectional", "sink", "clip-left", "clip-both", "dense-empty", "global", "head-groups"])
+def test_needed_ranges(pattern, lens, want):
+    heads = 4 if ":" in pattern else None
+    assert halo.needed_ranges(pattern, lens, heads) == want
+
+
+def test_fetched_rows_formula():
+    w, d, s, n = 9, 3, 4, 200   # reach 24
+    lens = [50, 50, 50, 50]
+    starts = [0, 50, 100, 150]
+    assert halo.fetched_rows(f"window={w},dilation={d}", lens) == [min(st, (w - 1) * d) for st in starts]
+    assert halo.fetched_rows(f"causal=false,window={w},dilation={d}", lens) == [
+        min(st, (w - 1) * d) + min(n - st - 50, (w - 1) * d) for st in starts]
+    # sinks that are not already in the halo or the slice
+    assert halo.fetched_rows(f"window={w},dilation={d},sink={s}", lens) == [0, 24 + 4, 24 + 4, 24 + 4]
+    # a halo longer than a slice spans several ranks, and never more than what lies before
+    assert halo.fetched_rows("window=80", [20, 20, 20, 20, 20]) == [0, 20, 40, 60, 79]
+    assert halo.exchange_plan(halo.needed_ranges("window=30", [20, 20, 20]), [20, 20, 20])[2] == [
+        (0, 11, 20), (1, 20, 40), (2, 40, 60)]
+
+
+def test_replicated_when_rows_of_blocks_cannot_be_kept():
+    assert halo.replicated("window=8,random=2,block=16", [32, 32])
+    assert not halo.replicated("topk=2,block=16", [32, 32])
+    assert halo.replicated("topk=2,block=16", [40, 24])
+    assert halo.fetched_rows("random=1,block=16", [32, 0, 32]) == [32, 0, 32]
+    assert halo.traffic_bytes("random=1,block=16", [32, 32], batch=1, q_heads=4, kv_heads=2, head_dim=16,
+                              itemsize=2) == [32 * 16 * 2 * (2 * 2 + 4)] * 2
+
+
+def test_resolve_group_rejects_mesh_dim_without_mesh():
+    with pytest.raises(ValueError, match="DeviceMesh"):
+        msa.distributed.resolve_group(None, mesh_dim=0)
+
+
+# --- two GPUs over NCCL, bf16 -------------------------------------------------------------------
+
+GPU_CASES = [
+    _case("gpu_window_dilation_sink", "window=256,dilation=2,sink=64", [1024, 1024], Hq=4, Hkv=2, D=64),
+    _case("gpu_bidirectional_uneven", "causal=false,window=300,dilation=3", [700, 1348], Hq=4, Hkv=4, D=128),
+    _case("gpu_head_groups", "0-1:window=64;2-3:window=512,dilation=4,sink=16", [1024, 1024], Hq=4, Hkv=2, D=64),
+    _case("gpu_random_replicated", "window=64,random=2,block=128", [1024, 1024], Hq=2, Hkv=2, D=64),
+]
+
+
+@pytest.mark.gpu2
+def test_nccl_bf16_matches_one_gpu(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    _launch(2, tmp_path, GPU_CASES, backend="nccl", dtype="bfloat16")
+    for case in GPU_CASES:
+        results = _load(tmp_path, case, 2)
+        for res in results:
+            assert "error" not in res, res["traceback"]
+        # both sides are bf16 kernels: they differ by the rounding of a different summation order
+        _check(results, case, atol=3e-2, dtype=torch.bfloat16, device="cuda:0")
