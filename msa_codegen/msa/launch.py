@@ -7,6 +7,7 @@ the teaching signal on those items.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 
@@ -22,6 +23,45 @@ ITEM_ENTRIES = 256
 TILE_ROWS = 64
 
 _module = None
+
+
+@dataclass(frozen=True)
+class MsaConfig:
+    """Launch parameters of the MSA kernels; None: the heuristic default (see each launcher).
+
+    ``select_block_m``: query rows per selection program; ``*_rows``: (entry, head) rows per
+    main-attention tile; ``bwd_block_n``: keys per backward program; ``*_warps`` / ``*_stages``:
+    Triton's num_warps / num_stages.
+    """
+    select_block_m: int | None = None
+    select_warps: int | None = None
+    select_stages: int | None = None
+    fwd_rows: int | None = None
+    fwd_warps: int | None = None
+    bwd_rows: int | None = None
+    bwd_block_n: int | None = None
+    bwd_warps: int | None = None
+
+
+_config = MsaConfig()
+
+
+@contextlib.contextmanager
+def use_msa_config(cfg: MsaConfig):
+    """Run the MSA kernels with ``cfg``'s launch parameters inside the block (sweeps, tests)."""
+    global _config
+    if not isinstance(cfg, MsaConfig):
+        raise TypeError(f"use_msa_config needs an MsaConfig, got {type(cfg).__name__}")
+    before, _config = _config, cfg
+    try:
+        yield cfg
+    finally:
+        _config = before
+
+
+def _pick(name: str, default: int) -> int:
+    value = getattr(_config, name)
+    return default if value is None else value
 
 
 def kernels():
@@ -81,7 +121,9 @@ def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart)
     idx = torch.empty(b, hp, n, nk, dtype=torch.int32, device=q_proxy.device)
     block_k = max(2, _pow2(nk))
     # the running top-K lives in registers: fewer rows per tile as K grows
-    block_m = 64 if block_k <= 64 else 32 if block_k <= 128 else 16
+    block_m = _pick("select_block_m", 64 if block_k <= 64 else 32 if block_k <= 128 else 16)
+    if block % block_m:
+        raise ValueError(f"select_block_m={block_m} must divide block={block}")
     grid = (cdiv(n, block_m), b * hp)
     kernels().msa_select_kernel[grid](
         qp, kp, dstart if dstart is not None else idx, idx,
@@ -89,7 +131,7 @@ def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart)
         n, float(proxy_scale),
         HP=hp, HP_PER_K=hp // hpk, DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_M=block_m, K=nk,
         BLOCK_K=block_k, HAS_DOCS=dstart is not None, DOT_PREC=dot_precision(q_proxy.dtype),
-        num_warps=4)
+        num_warps=_pick("select_warps", 4), num_stages=_pick("select_stages", 3))
     return idx
 
 
@@ -156,9 +198,11 @@ def _stages(d: int, dp: int) -> int:
     return 1 if max(d, dp) > 128 else 3
 
 
-def _tile_entries(g: int) -> tuple[int, int]:
+def _tile_entries(g: int, rows: int) -> tuple[int, int]:
+    """Entries per tile and the heads per entry padded to a power of two; at least 16 entries
+    (the teaching gradient's products run over the entries)."""
     gp = _pow2(g)
-    return max(16, TILE_ROWS // gp), gp
+    return max(16, rows // gp), gp
 
 
 def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, block: int, scale: float,
@@ -172,7 +216,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     b, h, n, d = q.shape
     dp = q_proxy.shape[-1]
     dev = q.device
-    bq, gp = _tile_entries(heads.g)
+    bq, gp = _tile_entries(heads.g, _pick("fwd_rows", TILE_ROWS))
     n_items = items.shape[1]
     # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
     # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
@@ -181,7 +225,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     consts = dict(H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                   SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
                   BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=dstart is not None, DENSE=dense,
-                  DOT_PREC=dot_precision(q.dtype), num_warps=8, num_stages=_stages(d, dp))
+                  DOT_PREC=dot_precision(q.dtype), num_warps=_pick("fwd_warps", 8), num_stages=_stages(d, dp))
     log2e = 1.4426950408889634
     rev_arg = rev if rev is not None else items
     ds_arg = dstart if dstart is not None else items
@@ -216,7 +260,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     dp = q_proxy.shape[-1]
     dev = q.device
     main, teach = do is not None, kl_grad is not None
-    bq, gp = _tile_entries(heads.g)
+    bq, gp = _tile_entries(heads.g, _pick("bwd_rows", TILE_ROWS))
     n_items = items.shape[1]
     f32 = dict(device=dev, dtype=torch.float32)
     dq = torch.zeros(b, h, n, d, **f32) if main else lse
@@ -231,7 +275,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
         do, delta = q, lse
     c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
     # 32 keys per program: dK, dV and the proxy's dK stay in registers without spilling at D = 128
-    block_n = 32
+    block_n = min(block, _pick("bwd_block_n", 32))
     log2e = 1.4426950408889634
     grid = (n_items, block // block_n, heads.span)
     kernels().msa_bwd_kernel[grid](
@@ -242,7 +286,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
         H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv, KSEL=n_sel,
         D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq,
         MAIN=main, WITH_KL=teach, HAS_DOCS=dstart is not None, DENSE=dense, DOT_PREC=dot_precision(q.dtype),
-        num_warps=8, num_stages=_stages(d, dp))
+        num_warps=_pick("bwd_warps", 8), num_stages=_stages(d, dp))
     grads = [None] * 5
     if main:
         grads[:3] = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]
