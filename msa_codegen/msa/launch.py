@@ -19,8 +19,11 @@ from ..kernels.schedule import block_d, cdiv, dot_precision
 #: entries (query, proxy head) per work item: long lists (a block every query picks) are cut so
 #: that no program walks much more than its share
 ITEM_ENTRIES = 256
-#: rows of a main-attention tile: entries x the proxy group's heads
-TILE_ROWS = 64
+#: rows of a main-attention tile (entries x the proxy group's heads), forward and backward. H200,
+#: N=131072, G=4 (2026-12-02 sweep): forward 128 rows 29.7 ms, 64 rows 38.3 ms; backward 64 rows with
+#: 64-key programs 71.3 ms, with 32-key programs 107.3 ms, 128 rows 90.1 ms (8 warps each)
+FWD_ROWS = 128
+BWD_ROWS = 64
 
 _module = None
 
@@ -119,20 +122,27 @@ def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart)
     nk = top_k // block
     qp, kp = _last_stride_one(q_proxy), _last_stride_one(k_proxy)
     idx = torch.empty(b, hp, n, nk, dtype=torch.int32, device=q_proxy.device)
-    block_k = max(2, _pow2(nk))
-    # the running top-K lives in registers: fewer rows per tile as K grows
-    block_m = _pick("select_block_m", 64 if block_k <= 64 else 32 if block_k <= 128 else 16)
-    if block % block_m:
-        raise ValueError(f"select_block_m={block_m} must divide block={block}")
-    grid = (cdiv(n, block_m), b * hp)
+    meta = select_meta(hp, hpk, dp, block, nk, dstart is not None, q_proxy.dtype)
+    grid = (cdiv(n, meta["BLOCK_M"]), b * hp)
     kernels().msa_select_kernel[grid](
         qp, kp, dstart if dstart is not None else idx, idx,
         qp.stride(0), qp.stride(1), qp.stride(2), kp.stride(0), kp.stride(1), kp.stride(2),
-        n, float(proxy_scale),
-        HP=hp, HP_PER_K=hp // hpk, DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_M=block_m, K=nk,
-        BLOCK_K=block_k, HAS_DOCS=dstart is not None, DOT_PREC=dot_precision(q_proxy.dtype),
-        num_warps=_pick("select_warps", 4), num_stages=_pick("select_stages", 3))
+        n, float(proxy_scale), **meta)
     return idx
+
+
+def select_meta(hp: int, hpk: int, dp: int, block: int, n_sel: int, has_docs: bool, dtype) -> dict:
+    """The selection kernel's constexprs and launch options."""
+    block_k = max(2, _pow2(n_sel))
+    # H200, N=131072, K=16 (2026-12-02 sweep): 128 rows, 8 warps, 2 stages 20.1 ms; 64 rows, 4 warps,
+    # 3 stages 27.3 ms. The running top-K lives in registers: fewer rows per tile as K grows
+    block_m = _pick("select_block_m", min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
+                                          32 if block_k <= 128 else 16))
+    if block % block_m:
+        raise ValueError(f"select_block_m={block_m} must divide block={block}")
+    return dict(HP=hp, HP_PER_K=hp // hpk, DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_M=block_m, K=n_sel,
+                BLOCK_K=block_k, HAS_DOCS=has_docs, DOT_PREC=dot_precision(dtype),
+                num_warps=_pick("select_warps", 8), num_stages=_pick("select_stages", 2))
 
 
 def _items(counts: torch.Tensor, base: torch.Tensor, bound: int) -> torch.Tensor:
@@ -192,10 +202,13 @@ def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _stages(d: int, dp: int) -> int:
-    """Software pipelining depth of the gathered loads: above head dim 128, three stages of 64-row
-    tiles overflow the 227 KiB of shared memory (Triton 3.6 on the H200 asked for 262 KiB)."""
-    return 1 if max(d, dp) > 128 else 3
+def _stages(d: int, dp: int, rows: int) -> int:
+    """Software pipelining depth of the gathered loads, within the 227 KiB of shared memory: above
+    head dim 128, three stages overflow it (Triton 3.6 on the H200 asked for 262 KiB); tiles of
+    256 rows (16 heads per proxy) come within 1 KiB of it at three stages (sm_90 compile)."""
+    if max(d, dp) > 128:
+        return 1
+    return 2 if rows > 128 else 3
 
 
 def _tile_entries(g: int, rows: int) -> tuple[int, int]:
@@ -216,16 +229,9 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     b, h, n, d = q.shape
     dp = q_proxy.shape[-1]
     dev = q.device
-    bq, gp = _tile_entries(heads.g, _pick("fwd_rows", TILE_ROWS))
     n_items = items.shape[1]
-    # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
-    # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
-    block_n = block if max(d, dp) <= 128 else 32
-    sub = block // block_n
-    consts = dict(H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
-                  SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
-                  BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=dstart is not None, DENSE=dense,
-                  DOT_PREC=dot_precision(q.dtype), num_warps=_pick("fwd_warps", 8), num_stages=_stages(d, dp))
+    consts = fwd_meta(heads, d, dp, block, n_sel, dstart is not None, dense, q.dtype)
+    sub = block // consts["BLOCK_N"]
     log2e = 1.4426950408889634
     rev_arg = rev if rev is not None else items
     ds_arg = dstart if dstart is not None else items
@@ -252,6 +258,30 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     return out, lse, lse_proxy, kl
 
 
+def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
+    """The forward kernel's constexprs (but PASS / WITH_OUT / WITH_KL) and launch options."""
+    bq, gp = _tile_entries(heads.g, _pick("fwd_rows", FWD_ROWS))
+    # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
+    # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
+    block_n = block if max(d, dp) <= 128 else 32
+    return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
+                SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
+                BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
+                DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", 8), num_stages=_stages(d, dp, bq * gp))
+
+
+def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
+    """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options."""
+    bq, gp = _tile_entries(heads.g, _pick("bwd_rows", BWD_ROWS))
+    # 64 keys per program up to head dim 128 (see BWD_ROWS); above, 32 keep dK, dV and the proxy's
+    # dK within registers and shared memory
+    block_n = min(block, _pick("bwd_block_n", 64 if max(d, dp) <= 128 else 32))
+    return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
+                KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n,
+                BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
+                num_warps=_pick("bwd_warps", 8), num_stages=_stages(d, dp, bq * gp))
+
+
 def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items, rev, n_sel: int, heads: Heads,
              block: int, scale: float, proxy_scale: float, dstart, *, dense: bool):
     """Gradients: dq, dk, dv from ``do`` (None: skipped) and dq_proxy, dk_proxy from ``kl_grad``
@@ -260,7 +290,6 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     dp = q_proxy.shape[-1]
     dev = q.device
     main, teach = do is not None, kl_grad is not None
-    bq, gp = _tile_entries(heads.g, _pick("bwd_rows", TILE_ROWS))
     n_items = items.shape[1]
     f32 = dict(device=dev, dtype=torch.float32)
     dq = torch.zeros(b, h, n, d, **f32) if main else lse
@@ -274,19 +303,15 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     else:
         do, delta = q, lse
     c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
-    # 32 keys per program: dK, dV and the proxy's dK stay in registers without spilling at D = 128
-    block_n = min(block, _pick("bwd_block_n", 32))
+    meta = bwd_meta(heads, d, dp, block, n_sel, dstart is not None, dense, q.dtype)
     log2e = 1.4426950408889634
-    grid = (n_items, block // block_n, heads.span)
+    grid = (n_items, block // meta["BLOCK_N"], heads.span)
     kernels().msa_bwd_kernel[grid](
         q, k, v, q_proxy, k_proxy, do, dstart if dstart is not None else items, items,
         rev if rev is not None else items, lse, delta, lse_proxy, c_kl, dq, dk, dv, dqp, dkp,
         *_strides(q), *_strides(k), *_strides(v), *_strides(q_proxy), *_strides(k_proxy), *_strides(do),
         n, cdiv(n, block), n_items, heads.hkv, heads.hpk, scale * log2e, proxy_scale * log2e, scale, proxy_scale,
-        H=h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv, KSEL=n_sel,
-        D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq,
-        MAIN=main, WITH_KL=teach, HAS_DOCS=dstart is not None, DENSE=dense, DOT_PREC=dot_precision(q.dtype),
-        num_warps=_pick("bwd_warps", 8), num_stages=_stages(d, dp))
+        MAIN=main, WITH_KL=teach, **meta)
     grads = [None] * 5
     if main:
         grads[:3] = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)]
