@@ -420,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(fn=cmd_db_import)
     q = dbsub.add_parser("clear", help="delete the rows (and the tuner's Optuna studies)")
     q.add_argument("--db", default=None, help="default: $MSA_CODEGEN_HOME/tuning.db")
-    q.add_argument("--stale", action="store_true", help="only the rows of other Triton versions or templates")
+    q.add_argument("--stale", action="store_true", help="only the rows of other Triton versions or kernels")
     q.set_defaults(fn=cmd_db_clear)
     for sp in (ap, *sub.choices.values(), *dbsub.choices.values()):
         sp.error = _one_line_error(sp)

@@ -91,7 +91,7 @@ class TuningKey:
     @classmethod
     def current(cls, gpu: str, capability: str, pattern, direction: str, dtype, head_dim: int, gqa_group: int,
                 seqlen: int) -> "TuningKey":
-        """The key of a problem on this installation (running Triton and templates)."""
+        """The key of a problem on this installation (running Triton and kernels)."""
         return cls(gpu, capability, canonical_pattern(pattern), direction, dtype_name(dtype), int(head_dim),
                    int(gqa_group), bucket(seqlen), triton_version(), kernel_hash(pattern))
 

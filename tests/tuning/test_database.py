@@ -237,8 +237,7 @@ def test_schema_2_file_migrates(tmp_home, monkeypatch):
     assert len(before) == 6 and all(r["template_hash"] != kernel_hash(r["pattern"]) for r in before)
     with pytest.raises(SchemaOutdated):
         TuningDB(path, mode="ro")
-    with TuningDB(path) as db:
-        pass
+    TuningDB(path).close()   # a writable open migrates
     con = sqlite3.connect(path)
     con.row_factory = sqlite3.Row
     assert con.execute("SELECT version FROM msa_schema").fetchone()[0] == 3
