@@ -283,12 +283,12 @@ def cmd_db_list(args) -> int:
     table = [("gpu", "cap", "pattern", "dir", "dtype", "D", "g", "bucket", "config", "ms", "TF/s", "trials",
               "date", "")]
     for r in rows:
-        stale = not is_current(r["pattern"], r["triton_version"], r["template_hash"])
+        stale = not is_current(r["pattern"], r["triton_version"], r["kernel_hash"])
         table.append((r["gpu"], r["capability"], r["pattern"], r["direction"], r["dtype"], str(r["head_dim"]),
                       str(r["gqa_group"]), str(r["bucket"]), ",".join(str(v) for v in r["config"].values()),
                       f"{r['median_ms']:.4g}", f"{r['tflops']:.3g}" if r["tflops"] is not None else "-",
                       str(r["trials"]), str(r["created_at"])[:10],
-                      f"stale (triton {r['triton_version']}, kernels {r['template_hash']})" if stale else ""))
+                      f"stale (triton {r['triton_version']}, kernels {r['kernel_hash']})" if stale else ""))
     widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
     for t in table:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
@@ -420,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(fn=cmd_db_import)
     q = dbsub.add_parser("clear", help="delete the rows (and the tuner's Optuna studies)")
     q.add_argument("--db", default=None, help="default: $MSA_CODEGEN_HOME/tuning.db")
-    q.add_argument("--stale", action="store_true", help="only the rows of other Triton versions or templates")
+    q.add_argument("--stale", action="store_true", help="only the rows of other Triton versions or kernels")
     q.set_defaults(fn=cmd_db_clear)
     for sp in (ap, *sub.choices.values(), *dbsub.choices.values()):
         sp.error = _one_line_error(sp)

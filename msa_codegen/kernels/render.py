@@ -74,8 +74,9 @@ def kernel_hash(pattern: str) -> str:
     code, whatever else changes in the templates. Left out: the first line (it names the
     templates' digest and the library version), comments and blank lines (``code_only``), so
     that a comment edit in a template keeps the rows. Any spelling of a pattern gives its
-    canonical form's hash. (Schema 1 databases hashed the text with comments:
-    ``tuning.migrations`` re-keys them.)
+    canonical form's hash. A change of the code that keeps every instruction (a rename) still
+    moves the hash: ``tuning.migrations`` then re-keys the stored rows (schema 1 hashed the text
+    with comments; schema 2's kernels spelled some names differently).
     """
     h = hashlib.sha256(b"msa-codegen kernels v2")
     for g in parse(pattern).groups:
@@ -107,7 +108,7 @@ def render(plan: KernelPlan, direction: str) -> str:
     """The Triton source of one direction ('fwd' or 'bwd') of a plan."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    meta = {"template_hash": templates_digest(), "version": __version__}
+    meta = {"templates_digest": templates_digest(), "version": __version__}
     return _env().get_template(f"{direction}.py.jinja").render(plan=plan, meta=meta)
 
 

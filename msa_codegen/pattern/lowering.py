@@ -47,7 +47,7 @@ class KernelPlan:
     window: int          # in positions of the dilation class (0 when no window)
     dilation: int        # residue classes the query/key tiles are split into
     sink: int
-    glob: int
+    global_: int         # rows and columns i, j < global_ see and are seen by everything (Spec.global_)
     prefix: int          # keys j < prefix are owned by the P phase
     random: int
     rblock: int
@@ -85,7 +85,7 @@ class KernelPlan:
         phases, a dilated band's edges) then 'band' (the bands); positional kernels: one, 'all'."""
         if self.positional:
             return ("all",)
-        edges = self.glob or self.prefix or self.random or self.topk or (self.has_w_phase and not self.dkdv_w_split)
+        edges = self.global_ or self.prefix or self.random or self.topk or (self.has_w_phase and not self.dkdv_w_split)
         bands = self.has_w_phase or self.prefix
         return (("edges",) if edges or not bands else ()) + (("band",) if bands else ())
 
@@ -95,7 +95,7 @@ class KernelPlan:
         through a scratch buffer (kernels/launch.py) instead of recomputing it: plain kernels of a banded
         window, no global rows, random or top-k blocks (the band then covers every pair both
         kernels' W phases hold)."""
-        return (self.has_window and not self.dense and not self.glob and not self.random
+        return (self.has_window and not self.dense and not self.global_ and not self.random
                 and not self.topk and not self.positional)
 
     def as_dict(self) -> dict:
@@ -126,7 +126,7 @@ def lower(spec: Spec, *, positional: bool = False, segments: bool = False, class
     """
     has_window = spec.window is not None
     window = min(spec.window, _WINDOW_CLAMP) if has_window else 0
-    glob = 0 if spec.causal else spec.global_
+    global_ = 0 if spec.causal else spec.global_
     plan = KernelPlan(
         causal=bool(spec.causal),
         dense=bool(spec.dense),
@@ -134,15 +134,15 @@ def lower(spec: Spec, *, positional: bool = False, segments: bool = False, class
         window=int(window),
         dilation=int(spec.dilation) if has_window else 1,
         sink=int(spec.sink),
-        glob=int(glob),
-        prefix=int(max(spec.sink, glob)),
+        global_=int(global_),
+        prefix=int(max(spec.sink, global_)),
         random=int(spec.random),
         rblock=int(spec.block) if spec.random or spec.topk else 1,
         topk=int(spec.topk),
         positional=bool(positional or segments),
         segments=bool(segments),
         classes=bool(classes and (positional or segments) and has_window and spec.dilation > 1
-                     and not glob),
+                     and not global_),
     )
     for name, value in plan.as_dict().items():
         if type(value) not in (int, bool):

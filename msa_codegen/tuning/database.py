@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from .keys import DIRECTIONS, DTYPE_NAMES, config_from_row, is_current
-from .migrations import MIGRATIONS, rekey_row
+from .migrations import MIGRATIONS, upgrade_row
 from .models import APP, KEY_COLUMNS, SCHEMA_VERSION, VALUE_COLUMNS, Base, SchemaInfo, TuningRow
 
 EXPORT_FORMAT = "msa-codegen-tuning"
@@ -201,7 +201,7 @@ def _json_ready(d: dict) -> dict:
 _INT_FIELDS = ("head_dim", "gqa_group", "bucket", "trials", "batch", "heads", "kv_heads", "seqlen")
 _FLOAT_FIELDS = ("median_ms", "spread_ms")
 _OPTIONAL_FLOAT = ("tflops", "default_ms")
-_STR_FIELDS = ("gpu", "capability", "pattern", "triton_version", "template_hash", "library_version", "provenance")
+_STR_FIELDS = ("gpu", "capability", "pattern", "triton_version", "kernel_hash", "library_version", "provenance")
 
 
 def validate_row(d: dict, where: str = "row") -> dict:
@@ -325,11 +325,11 @@ class TuningDB:
             return [row_dict(r) for r in s.scalars(stmt)]
 
     def candidates(self, *, capability: str, pattern: str, dtype: str, head_dim: int, gqa_group: int,
-                   triton_version: str, template_hash: str) -> list[dict]:
+                   triton_version: str, kernel_hash: str) -> list[dict]:
         """Rows usable for a problem on a GPU of this capability (any GPU name, bucket, direction):
-        only those of the running Triton version and templates."""
+        only those of the running Triton version and kernels (kernel hash)."""
         return self.rows(capability=capability, pattern=pattern, dtype=dtype, head_dim=head_dim,
-                         gqa_group=gqa_group, triton_version=triton_version, template_hash=template_hash)
+                         gqa_group=gqa_group, triton_version=triton_version, kernel_hash=kernel_hash)
 
     def count(self) -> int:
         if not self.has_schema:
@@ -381,7 +381,7 @@ class TuningDB:
         if stale_only:
             with Session(self.engine) as s:
                 keys = s.execute(select(TuningRow.id, TuningRow.pattern, TuningRow.triton_version,
-                                        TuningRow.template_hash)).all()
+                                        TuningRow.kernel_hash)).all()
             stale = [i for i, pattern, rtv, rth in keys if not is_current(pattern, rtv, rth)]
             if not stale:
                 return 0
@@ -404,8 +404,8 @@ class TuningDB:
         rows = data.get("rows")
         if not isinstance(rows, list):
             raise ValueError("export has no 'rows' list")
-        if version < 2:   # kernel hashes of schema 1: re-keyed as the file migration does
-            rows = [rekey_row(r) if isinstance(r, dict) else r for r in rows]
+        if version < SCHEMA_VERSION:   # older rows: renamed and re-keyed as the file migration does
+            rows = [upgrade_row(r, version) for r in rows]
         return self.put_many(rows)
 
     def integrity_check(self) -> str:

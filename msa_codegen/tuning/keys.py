@@ -80,7 +80,7 @@ class TuningKey:
     gqa_group: int
     bucket: int
     triton_version: str
-    template_hash: str
+    kernel_hash: str
 
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
@@ -91,7 +91,7 @@ class TuningKey:
     @classmethod
     def current(cls, gpu: str, capability: str, pattern, direction: str, dtype, head_dim: int, gqa_group: int,
                 seqlen: int) -> "TuningKey":
-        """The key of a problem on this installation (running Triton and templates)."""
+        """The key of a problem on this installation (running Triton and kernels)."""
         return cls(gpu, capability, canonical_pattern(pattern), direction, dtype_name(dtype), int(head_dim),
                    int(gqa_group), bucket(seqlen), triton_version(), kernel_hash(pattern))
 
@@ -102,7 +102,7 @@ class TuningKey:
         """Name of the Optuna study that tunes this key (shared by every process tuning it)."""
         return "msa|" + "|".join(
             [self.gpu, self.capability, self.pattern, self.direction, self.dtype, f"d{self.head_dim}",
-             f"g{self.gqa_group}", f"n{self.bucket}", f"triton-{self.triton_version}", self.template_hash])
+             f"g{self.gqa_group}", f"n{self.bucket}", f"triton-{self.triton_version}", self.kernel_hash])
 
 
 KEY_FIELDS = tuple(f.name for f in dataclasses.fields(TuningKey))

@@ -225,7 +225,7 @@ def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: s
     default = heuristics.default_config(torch.device("cuda" if cuda else "cpu"), head_dim, getattr(torch, dtype),
                                         capability if cuda else None, canon)
     query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
-                 triton_version=tv, template_hash=kh)
+                 triton_version=tv, kernel_hash=kh)
     dbs = []
     for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
         rows = _read_rows(path, mode, query)

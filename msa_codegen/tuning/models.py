@@ -5,7 +5,7 @@ the same SQLite file) never collide with them:
 
 ``msa_schema``   one row: which application wrote the file and its schema version.
 ``msa_tuning``   one row per key (GPU, capability, pattern, direction, dtype, head dim, GQA
-                 group, sequence bucket, Triton version, template hash): the winning launch
+                 group, sequence bucket, Triton version, kernel hash): the winning launch
                  parameters of that direction and how they were measured.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text, Uniq
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 APP = "msa-codegen-tuning"
-#: 2: rows keyed by the kernel hash without comments (``migrations``: 1 -> 2 re-keys them)
-SCHEMA_VERSION = 2
+#: 2: rows keyed by the kernel hash without comments (``migrations``: 1 -> 2 re-keys them);
+#: 3: the column ``template_hash`` named ``kernel_hash``, rows re-keyed for the renamed kernels (2 -> 3)
+SCHEMA_VERSION = 3
 
 
 class Base(DeclarativeBase):
@@ -47,7 +48,7 @@ class TuningRow(Base):
     gqa_group: Mapped[int] = mapped_column(Integer)            # query heads per key/value head
     bucket: Mapped[int] = mapped_column(Integer)               # power of two >= N, at least 1024
     triton_version: Mapped[str] = mapped_column(String(32))
-    template_hash: Mapped[str] = mapped_column(String(32))   # kernels.render.kernel_hash of the pattern
+    kernel_hash: Mapped[str] = mapped_column(String(32))   # kernels.render.kernel_hash of the pattern
     # ---- value
     config: Mapped[dict] = mapped_column(JSON)                 # the direction's LaunchConfig fields
     median_ms: Mapped[float] = mapped_column(Float)
@@ -66,12 +67,12 @@ class TuningRow(Base):
 
     __table_args__ = (
         UniqueConstraint("gpu", "capability", "pattern", "direction", "dtype", "head_dim", "gqa_group", "bucket",
-                         "triton_version", "template_hash", name="uq_msa_tuning_key"),
+                         "triton_version", "kernel_hash", name="uq_msa_tuning_key"),
         Index("ix_msa_tuning_lookup", "capability", "pattern", "dtype", "head_dim", "gqa_group"),
     )
 
 
 KEY_COLUMNS = ("gpu", "capability", "pattern", "direction", "dtype", "head_dim", "gqa_group", "bucket",
-               "triton_version", "template_hash")
+               "triton_version", "kernel_hash")
 VALUE_COLUMNS = ("config", "median_ms", "spread_ms", "tflops", "default_ms", "trials", "batch", "heads",
                  "kv_heads", "seqlen", "library_version", "created_at", "provenance")

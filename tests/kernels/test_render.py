@@ -46,7 +46,7 @@ def test_band_parts_rendered():
     for pattern, passes in (("window=4096", 1), ("window=4096,sink=64", 2)):
         body = dkdv(pattern)
         w = [line for line in body.splitlines() if "PHASE=PH_W" in line]
-        assert len(w) == 1 and "MASKED=True, SPLIT=True" in w[0] and ", 0, n_blk, N, qk_scale, 0, 0, k_lo, k_hi," in w[0]
+        assert len(w) == 1 and "MASKED=True, SPLIT=True" in w[0] and ", 0, n_blk, N, qk_scale, 0, 0, qb_lo, qb_hi," in w[0]
         assert body.count("for i_h in range(") == passes
         assert body.rindex("for i_h in range(") < body.index("PHASE=PH_W")
         assert body.count("SPLIT=True") == 1   # the prefix tiles' P^T band keeps its three loops

@@ -33,11 +33,8 @@ PATTERNS = [
 VARIANTS = [{}, {"positional": True}, {"segments": True}, {"segments": True, "classes": True},
             {"positional": True, "classes": True}]
 TEMPLATES = {"fwd.py.jinja", "bwd.py.jinja", "_common.py.jinja", "_phases.py.jinja", "_positions.py.jinja"}
-# module constants no kernel reads (the templates decide causality and density; NSLOT counts the
-# top-k slots): kept because removing them changes the kernel text that tuning rows are keyed by
-# (codegen.kernel_hash: the shipped rows too), although not one instruction; they go when the
-# rows are next re-keyed or re-tuned
-DEAD_KEPT = {"CAUSAL", "DENSE", "TOPK"}
+# module constants no kernel reads: none (CAUSAL, DENSE and TOPK went with schema 3's re-key)
+DEAD_KEPT: set[str] = set()
 
 
 def _specs():

@@ -367,7 +367,7 @@ def test_plain_pattern_kernels_unchanged():
     for p in ["window=40,dilation=2,sink=4", "causal=false,global=3,random=2,block=64", "causal"]:
         spec = msa.parse(p).groups[0].spec
         plan = lower(spec)
-        assert set(plan.as_dict()) == {"causal", "dense", "has_window", "window", "dilation", "sink", "glob",
+        assert set(plan.as_dict()) == {"causal", "dense", "has_window", "window", "dilation", "sink", "global_",
                                        "prefix", "random", "rblock"}
         src = codegen.render(plan, "fwd") + codegen.render(plan, "bwd")
         for word in ("QPOS", "_lower_bound", "TOPK", "stride_tb"):

@@ -1,8 +1,9 @@
 """The tuning database (msa_codegen.tuning.database, keys, models, migrations, gpu): keys,
-schema, rows, exports, the kernel hash and the migration of schema-1 files."""
+schema, rows, exports, the kernel hash and the migration of schema-1 and schema-2 files."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,10 @@ from msa_codegen.tuning.database import SchemaError, TuningDB
 from msa_codegen.tuning.keys import bucket
 from msa_codegen.tuning.lookup import reload
 
-from tuning_helpers import FWD, PATTERN, _as_schema_1, call_config, put, row, tmp_home, which  # noqa: F401 (tmp_home: autouse)
+from tuning_helpers import FWD, PATTERN, _as_schema, _as_schema_1, call_config, put, row, tmp_home, which  # noqa: F401 (tmp_home: autouse)
+
+DATA = Path(__file__).parent / "data"
+SCHEMA_2_DB = DATA / "tuning_schema2.db"
 
 
 # ---- keys -------------------------------------------------------------------------------------
@@ -56,10 +60,10 @@ def test_schema_wal_and_version(tmp_path):
     put(path, row())
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert con.execute("SELECT app, version FROM msa_schema").fetchone() == ("msa-codegen-tuning", 2)
+    assert con.execute("SELECT app, version FROM msa_schema").fetchone() == ("msa-codegen-tuning", 3)
     cols = {r[1] for r in con.execute("PRAGMA table_info(msa_tuning)")}
     assert {"gpu", "capability", "pattern", "direction", "dtype", "head_dim", "gqa_group", "bucket", "triton_version",
-            "template_hash", "config", "median_ms", "spread_ms", "tflops", "trials", "library_version", "created_at",
+            "kernel_hash", "config", "median_ms", "spread_ms", "tflops", "trials", "library_version", "created_at",
             "provenance"} <= cols
     con.execute("UPDATE msa_schema SET version = 99")
     con.commit()
@@ -143,7 +147,7 @@ def test_a_comment_in_the_kernels_keeps_the_key(monkeypatch):
 
 def test_schema_1_user_db_is_rekeyed_on_open(tmp_home):
     """A user database of schema 1 (rows keyed by the old hash, comments included) is migrated
-    the first time the lookup reads it: its rows run, the file is schema 2, and a row that
+    the first time the lookup reads it: its rows run, the file is schema 3, and a row that
     matched no kernels stays stale."""
     path = tmp_home / "tuning.db"
     put(path, row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=1024,
@@ -158,8 +162,8 @@ def test_schema_1_user_db_is_rekeyed_on_open(tmp_home):
     cfg, source = call_config(40)
     assert source.startswith("fwd: user db") and cfg.fwd.block_m == 16
     con = sqlite3.connect(path)
-    assert con.execute("SELECT version FROM msa_schema").fetchone() == (2,)
-    hashes = dict(con.execute("SELECT bucket, template_hash FROM msa_tuning").fetchall())
+    assert con.execute("SELECT version FROM msa_schema").fetchone() == (3,)
+    hashes = dict(con.execute("SELECT bucket, kernel_hash FROM msa_tuning").fetchall())
     con.close()
     assert hashes == {1024: kernel_hash(PATTERN), 4096: "0123456789abcdef"}
 
@@ -171,10 +175,97 @@ def test_schema_1_export_is_rekeyed_on_import(tmp_path):
     put(a, row(), row(direction="bwd"))
     with TuningDB(a) as db:
         doc = db.export()
-    doc = dict(doc, schema_version=1, rows=[dict(r, template_hash=kernel_hash_v1(r["pattern"])) for r in doc["rows"]])
+    rows = [{**{k: v for k, v in r.items() if k != "kernel_hash"}, "template_hash": kernel_hash_v1(r["pattern"])}
+            for r in doc["rows"]]
+    doc = dict(doc, schema_version=1, rows=rows)
     with TuningDB(b) as db:
         assert db.import_(doc) == 2
-        assert {r["template_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}
+        assert {r["kernel_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}
+
+
+def test_schema_2_user_db_is_rekeyed_on_open(tmp_home):
+    """A user database of schema 2 (column template_hash, rows keyed by the kernels as schema 2
+    spelled them) is migrated the first time the lookup reads it: the column is kernel_hash, its
+    rows run, and a row that matched no kernels stays stale."""
+    path = tmp_home / "tuning.db"
+    put(path, row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=1024,
+                  config={**FWD, "block_m": 16, "num_stages": 1}),
+        row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=4096))
+    _as_schema(path, 2)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE msa_tuning SET template_hash = '0123456789abcdef' WHERE bucket = 4096")
+    con.commit()
+    con.close()
+    reload()
+    cfg, source = call_config(40)
+    assert source.startswith("fwd: user db") and cfg.fwd.block_m == 16
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT version FROM msa_schema").fetchone() == (3,)
+    hashes = dict(con.execute("SELECT bucket, kernel_hash FROM msa_tuning").fetchall())
+    con.close()
+    assert hashes == {1024: kernel_hash(PATTERN), 4096: "0123456789abcdef"}
+
+
+def test_schema_2_export_is_rekeyed_on_import(tmp_path):
+    from msa_codegen.tuning.migrations import kernel_hash_v2
+
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    put(a, row(), row(direction="bwd"))
+    with TuningDB(a) as db:
+        doc = db.export()
+    rows = [{**{k: v for k, v in r.items() if k != "kernel_hash"}, "template_hash": kernel_hash_v2(r["pattern"])}
+            for r in doc["rows"]]
+    doc = dict(doc, schema_version=2, rows=rows)
+    with TuningDB(b) as db:
+        assert db.import_(doc) == 2
+        assert {r["kernel_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}
+
+
+def test_schema_2_file_migrates(tmp_home, monkeypatch):
+    """A file schema 2 wrote (data/tuning_schema2.db: the shipped database of commit 420e367, six
+    H200 rows) is refused read-only, migrated by a writable open (the column renamed, every row
+    re-keyed to the running kernels, nothing else changed), and then its rows are chosen."""
+    from msa_codegen.tuning.database import SchemaOutdated
+
+    path = tmp_home / "tuning.db"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(SCHEMA_2_DB.read_bytes())
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    before = [dict(r) for r in con.execute("SELECT * FROM msa_tuning ORDER BY id")]
+    con.close()
+    assert len(before) == 6 and all(r["template_hash"] != kernel_hash(r["pattern"]) for r in before)
+    with pytest.raises(SchemaOutdated):
+        TuningDB(path, mode="ro")
+    TuningDB(path).close()   # a writable open migrates
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    assert con.execute("SELECT version FROM msa_schema").fetchone()[0] == 3
+    after = [dict(r) for r in con.execute("SELECT * FROM msa_tuning ORDER BY id")]
+    con.close()
+    assert [r["kernel_hash"] for r in after] == [kernel_hash(r["pattern"]) for r in before]
+    assert [{k: v for k, v in r.items() if k != "kernel_hash"} for r in after] == \
+        [{k: v for k, v in r.items() if k != "template_hash"} for r in before]
+    # the rows were measured with Triton 3.6.0: run as that version, the lookup chooses them
+    monkeypatch.setattr(lookup_mod, "triton_version", lambda: before[0]["triton_version"])
+    reload()
+    res = lookup_mod.lookup_for_gpu("h200", "9.0", "window=4096", 128, "bfloat16", 1, 131072, cuda=True)
+    assert res.fwd.source.startswith("user db") and res.bwd.source.startswith("user db")
+
+
+def test_schema_2_key_of_the_running_kernels():
+    """``kernel_hash_v2`` (the running kernels spelled as schema 2's templates wrote them) gives
+    the key schema 2 gave: data/schema2_kernel_hashes.json holds ``kernel_hash`` of commit 420e367
+    for 66 patterns (every term, the tuning grid's patterns). So the renames and the dropped
+    constants are the only differences of the kernels' code, and the migration finds every row."""
+    import json
+
+    from msa_codegen.tuning.migrations import kernel_hash_v2
+
+    expected = json.loads((DATA / "schema2_kernel_hashes.json").read_text())
+    assert len(expected) == 66
+    assert {p: kernel_hash_v2(p) for p in expected} == expected
+    assert not {p for p in expected if kernel_hash(p) == expected[p]}
 
 
 def test_shipped_rows_are_for_the_current_kernels():
@@ -183,5 +274,5 @@ def test_shipped_rows_are_for_the_current_kernels():
     (the README describes the shipped rows as current)."""
     with TuningDB(lookup_mod.SHIPPED_DB, mode="ro") as db:
         rows = db.rows()
-    stale = [(r["pattern"], r["direction"]) for r in rows if r["template_hash"] != kernel_hash(r["pattern"])]
+    stale = [(r["pattern"], r["direction"]) for r in rows if r["kernel_hash"] != kernel_hash(r["pattern"])]
     assert not stale, f"shipped rows measured on other kernels: {stale}"

@@ -120,7 +120,7 @@ def test_lookup_is_cached(tmp_home, monkeypatch):
 
 def test_stale_and_invalid_rows_are_skipped(tmp_home):
     user = tmp_home / "tuning.db"
-    put(user, row(triton_version="0.0.1"), row(direction="bwd", template_hash="0123456789abcdef"))
+    put(user, row(triton_version="0.0.1"), row(direction="bwd", kernel_hash="0123456789abcdef"))
     assert which().source == "heuristic default"
     # a hand-edited row whose config does not build never runs
     put(user, row(bucket_=4096))

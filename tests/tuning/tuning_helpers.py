@@ -43,7 +43,7 @@ def tmp_home(tmp_path, monkeypatch):
 def row(gpu="h200", capability="9.0", direction="fwd", bucket_=131072, config=None, **kw):
     base = dict(gpu=gpu, capability=capability, pattern=PATTERN, direction=direction, dtype="bfloat16",
                 head_dim=128, gqa_group=1, bucket=bucket_, triton_version=triton_version(),
-                template_hash=kernel_hash(PATTERN), config=dict(config or (FWD if direction == "fwd" else BWD)),
+                kernel_hash=kernel_hash(PATTERN), config=dict(config or (FWD if direction == "fwd" else BWD)),
                 median_ms=1.0, spread_ms=0.01, tflops=100.0, default_ms=1.2, trials=10, batch=1, heads=16,
                 kv_heads=16, seqlen=bucket_, library_version=msa.__version__,
                 created_at=datetime.datetime(2026, 12, 1), provenance="hand-made for a test")
@@ -97,13 +97,19 @@ def _key(direction, n=48):
     return TuningKey.current("cpu-interpreter", "cpu", PATTERN, direction, torch.float32, 16, 2, n)
 
 
-def _as_schema_1(path):
-    """Turn a schema-2 file into what schema 1 wrote: its version and the old kernel hashes."""
-    from msa_codegen.tuning.migrations import kernel_hash_v1
+def _as_schema(path, version):
+    """Turn a file of the current schema into what schema ``version`` (1 or 2) wrote: its version,
+    the column's old name (template_hash) and that schema's key of the running kernels."""
+    from msa_codegen.tuning.migrations import OLD_KEYS
 
     con = sqlite3.connect(path)
-    con.execute("UPDATE msa_schema SET version = 1")
+    con.execute(f"UPDATE msa_schema SET version = {version}")
+    con.execute("ALTER TABLE msa_tuning RENAME COLUMN kernel_hash TO template_hash")
     for row_id, pattern in con.execute("SELECT id, pattern FROM msa_tuning").fetchall():
-        con.execute("UPDATE msa_tuning SET template_hash = ? WHERE id = ?", (kernel_hash_v1(pattern), row_id))
+        con.execute("UPDATE msa_tuning SET template_hash = ? WHERE id = ?", (OLD_KEYS[version](pattern), row_id))
     con.commit()
     con.close()
+
+
+def _as_schema_1(path):
+    _as_schema(path, 1)
