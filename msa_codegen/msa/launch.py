@@ -204,11 +204,10 @@ def _strides(t: torch.Tensor):
 
 def _stages(d: int, dp: int, rows: int) -> int:
     """Software pipelining depth of the gathered loads, within the 227 KiB of shared memory: above
-    head dim 128, three stages overflow it (Triton 3.6 on the H200 asked for 262 KiB); tiles of
-    256 rows (16 heads per proxy) come within 1 KiB of it at three stages (sm_90 compile)."""
-    if max(d, dp) > 128:
-        return 1
-    return 2 if rows > 128 else 3
+    head dim 128, three stages overflow it (Triton 3.6 on the H200 asked for 262 KiB); so do tiles
+    of 256 rows (16 heads per proxy) at two or three stages (1.2 MB asked, sm_90 compile of
+    Triton 3.6), and fit at one (112 KiB)."""
+    return 1 if max(d, dp) > 128 or rows > 128 else 3
 
 
 def _tile_entries(g: int, rows: int) -> tuple[int, int]:
@@ -251,8 +250,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     o32 = torch.zeros(b, h, n, d, device=dev, dtype=torch.float32) if with_out else lse
     kl_rows = torch.zeros(b, heads.hp, n, device=dev, dtype=torch.float32) if with_kl else lse
     if with_out or with_kl:
-        fwd[(n_items, sub)](*args(lse, lse_proxy, lse, lse, o32, kl_rows),
-                        PASS=2, WITH_OUT=with_out, WITH_KL=with_kl, **consts)
+        fwd[(n_items, sub)](*args(lse, lse_proxy, lse, lse, o32, kl_rows), **pass2_meta(consts, with_out, with_kl))
     out = o32.to(q.dtype) if with_out else None
     kl = kl_rows.sum() / (b * heads.hp * n) if with_kl else None
     return out, lse, lse_proxy, kl
@@ -268,6 +266,14 @@ def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bo
                 SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
                 BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
                 DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", 8), num_stages=_stages(d, dp, bq * gp))
+
+
+def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
+    """The forward's second pass: P @ V and / or the KL terms. With both, 128-row tiles outgrow
+    shared memory (Triton 3.6, sm_90: 238592 B at three stages, 238336 B at two): half the entries."""
+    if not (with_out and with_kl):
+        return dict(meta, PASS=2, WITH_OUT=with_out, WITH_KL=with_kl)
+    return dict(meta, PASS=2, WITH_OUT=True, WITH_KL=True, BLOCK_Q=max(16, meta["BLOCK_Q"] // 2))
 
 
 def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
