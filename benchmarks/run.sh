@@ -7,6 +7,8 @@
 #   bench      msa-bench: every case against FlexAttention / SDPA flash (BENCHMARKS.md's table);
 #              appends to benchmarks/results.csv. ARGS e.g. --cases w4096,w4096-d2
 #   dynamic    the run-time sparsity rows (python -m msa_codegen.bench_dynamic), same CSV
+#   msa        the MSA rows (python -m msa_codegen.bench_msa): msa_attention against dense causal
+#              SDPA flash and FlexAttention on the same attention, with a per-phase breakdown
 #   gpu-tests  pytest -m gpu (WORKERS processes when pytest-xdist is there), then the tuner's
 #              timing-sensitive test alone, so that it does not share the GPU; ARGS go to both
 #              pytest commands (a -k of your own replaces the split)
@@ -54,6 +56,10 @@ case "$suite" in
     cp benchmarks/results.csv "$OUT/results.csv" ;;
   dynamic)
     { header; limit python3 -m msa_codegen.bench_dynamic --reps-ms 100 "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    cp benchmarks/results.csv "$OUT/results.csv" ;;
+  msa)
+    { header; limit python3 -m msa_codegen.bench_msa --reps-ms 200 "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     cp benchmarks/results.csv "$OUT/results.csv" ;;
   gpu-tests)
