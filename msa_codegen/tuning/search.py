@@ -170,7 +170,8 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     def measured() -> dict[tuple, optuna.trial.FrozenTrial]:
         done = {}
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.state == TrialState.COMPLETE or t.user_attrs.get("failure"):
+            if t.state == TrialState.COMPLETE or t.user_attrs.get("failure") or t.user_attrs.get("target_excluded"):
+                # measured, failed, or over the target's shared memory (ahead-of-time compile)
                 done[_params_key(t.params)] = t
         return done
 
@@ -196,7 +197,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     if precompile if precompile is not None else not interp:
         batch_size = jobs if jobs is not None else _pre.workers()
     # the ahead-of-time verdict of borderline candidates (a GPU process: kernels not interpreted)
-    aot = not interp and _resources.available()
+    aot = _target_checks(interp)
     capability = key.capability
 
     def out_of_time() -> bool:
@@ -251,7 +252,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                                                 capability=capability, n_workers=batch_size)
                 for b, verdict in zip(near, verdicts):
                     if verdict.startswith("smem:"):
-                        _settle(study, b[0], excluded=verdict[5:])
+                        _settle(study, b[0], excluded=verdict[5:], target_excluded=True)
                         pruned += 1
                         stats.pruned_smem += 1
                         batch.remove(b)
@@ -354,6 +355,12 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     stats.best_ms = med
     return TuneResult(key, problem, config, med, spread, default_ms, tflops, n_trials, pruned, failures, stored,
                       meaningful=not interp, stats=stats)
+
+
+def _target_checks(interpreter: bool) -> bool:
+    """Whether borderline candidates get an ahead-of-time compile for the target: a GPU process
+    (kernels not interpreted) with Triton's NVIDIA backend."""
+    return not interpreter and _resources.available()
 
 
 def _settle(study, trial, value: float | None = None, **attrs) -> bool:
