@@ -171,8 +171,7 @@ def test_progress_in_place_on_a_terminal_plain_lines_elsewhere():
             # one line rewritten in place, erased at the end (the caller prints the summary)
             assert "\n" not in text and text.count("\r") == 8 + 2 and text.endswith("\r")
         else:
-            # a line per quarter of the trials: short CI logs
-            lines = text.splitlines()
-            assert 3 <= len(lines) <= 5 and lines[-1].startswith("[8/8] bucket 131072 fwd: 8 trials")
+            # a line per quarter of the trials: short CI logs (the caller prints the summary)
+            assert [line.split()[0] for line in text.splitlines()] == ["[1/8]", "[3/8]", "[5/8]", "[7/8]"]
     assert TuneStats(8192, "bwd", 40, trials=12, failed=2, best_ms=1.5, budget_stop=True).line() == \
         "bucket 8192 bwd: 12 trials of 40, 0 pruned (shared memory), 2 failed, best 1.5 ms, budget spent"
