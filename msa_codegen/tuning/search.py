@@ -5,7 +5,8 @@ itself through Optuna's RDBStorage (``sqlite:///PATH``, connect timeout): severa
 (one per GPU of a node) tuning the same key share its trials, ``load_if_exists=True``.
 
 A trial: Optuna proposes a value per knob; the explicit filter (``space.why_excluded``)
-prunes what cannot fit before anything compiles; the candidate is checked against the
+prunes what cannot fit before anything compiles (near the shared-memory limit an ahead-of-time
+compile for the GPU's target decides, ``tuning.resources``); the candidate is checked against the
 float64 reference on a small problem; only then is it timed. A compile or launch failure,
 or a wrong result, ends the trial as pruned with the reason in its user attributes, never
 the tuner. The heuristic default is enqueued first, so it is always measured (the baseline), then a
