@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-SM90_SHARED_OPTIN = 232448   # bytes of shared memory per block (opt-in) on sm_90 (H100 / H200)
+SM90_SHARED_OPTIN = 232448   # bytes of shared memory per block (opt-in) on sm_90 (H100 / H200); on a GPU
+#                              the tuner asks the device (space.device_smem_bytes)
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FLOATS = ("qk_scale", "sm_scale")
@@ -55,17 +56,6 @@ def target_of(capability: str):
 
     major, minor = (int(x) for x in str(capability).split(".")[:2])
     return GPUTarget("cuda", 10 * major + minor, 32)
-
-
-def device_shared_limit(device=None) -> int:
-    """Opt-in shared memory per block of a CUDA device (torch's figure), else sm_90's."""
-    try:
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(device if device is not None else 0)
-            return int(getattr(props, "shared_memory_per_block_optin", 0) or SM90_SHARED_OPTIN)
-    except Exception:
-        pass
-    return SM90_SHARED_OPTIN
 
 
 def _signature(kern, constexprs: dict, dtype_name: str, group: int):
