@@ -1,6 +1,7 @@
 """msa-tune: tune the launch parameters of a pattern on this GPU and store the winners.
 
     msa-tune --pattern window=4096,dilation=2
+    msa-tune --pattern window=4096,dilation=2 --budget-minutes 5 --jobs 16
     msa-tune --gpu auto --pattern "window=4096,sink=64" --seqlen 131072 --heads 32 --kv-heads 8 \\
              --head-dim 128 --dtype bf16 --direction both --trials 60 --db ~/tuning.db
 
@@ -8,6 +9,16 @@ Each --seqlen maps to a power-of-two bucket (at least 1024) and is timed at a re
 shape of that bucket (batch 65536 // N, at least 1). Without a GPU the same path runs in
 Triton's interpreter on a reduced problem; its timings mean nothing (said so), but the rows
 are stored (GPU "cpu-interpreter") and the exit code is 0.
+
+Candidates that cannot fit the GPU's shared memory are pruned before they compile (an estimate
+of the tiles; an ahead-of-time compile for the GPU's target near the limit); the others compile
+in --jobs worker processes at a time. Each bucket and direction shows one progress line (updated
+in place on a terminal) and ends with one summary line, e.g.
+
+    bucket 131072 fwd: 40 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms
+
+--budget-minutes M bounds the whole run: when M minutes are spent no trial starts; the best of
+what finished is stored and what was not done is listed. Ctrl-C keeps the rows already stored.
 """
 from __future__ import annotations
 
@@ -15,6 +26,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 GPU_SEQLENS = (8192, 32768, 131072, 524288)
 CPU_SEQLENS = (4096,)
@@ -47,6 +59,26 @@ def _seqlens(values: list[str]) -> list[int]:
     return out
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {text!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text}")
+    return x
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog=PROG, description="tune msa-codegen launch parameters for a pattern on this GPU",
                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -67,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"measured trials per bucket and direction (default: {GPU_TRIALS} on a GPU, "
                          f"{CPU_TRIALS} in the interpreter)")
     ap.add_argument("--db", default=None, help="the tuning database (default: $MSA_CODEGEN_HOME/tuning.db)")
+    ap.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                    help="candidates compiled in parallel worker processes (default: the CPU cores, at most "
+                         "16; 1: compile in this process)")
+    ap.add_argument("--budget-minutes", type=_positive_float, default=None, metavar="M",
+                    help="bound the whole run: after M minutes no trial starts, the best of what finished is "
+                         "stored and what was not done is listed (default: no bound)")
     return ap
 
 
@@ -158,8 +196,14 @@ def run(args) -> int:
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
 
-    from ..tuning.search import tune
+    from ..tuning import precompile
     from ..tuning.measure import INTERP_MAX_SEQLEN, representative_problem
+    from ..tuning.progress import TuneStats
+    from ..tuning.search import tune
+
+    started = time.monotonic()
+    deadline = started + 60 * args.budget_minutes if args.budget_minutes is not None else None
+    jobs = args.jobs if args.jobs is not None else precompile.workers()
 
     if not cuda:
         print(f"no CUDA GPU: tuning in Triton's interpreter on the CPU, reduced problem (N <= {INTERP_MAX_SEQLEN}, "
@@ -167,8 +211,11 @@ def run(args) -> int:
               f"Rows are stored under GPU '{name}'.")
     print(f"tuning {pattern!r} on {name} (capability {cap}), {dtype_flag}, head dim {args.head_dim}, "
           f"heads {heads}/{kv_heads}, {', '.join(directions)}; database {db_path}")
+    print(f"{trials} trials per bucket and direction, "
+          + (f"{jobs} compile job{'s' if jobs > 1 else ''}" if cuda else "no compile jobs (the interpreter)")
+          + (f", budget {args.budget_minutes:g} min" if deadline is not None else ""), flush=True)
 
-    seen, results, missing = set(), [], []
+    seen, results, missing, not_done = set(), [], [], []
     for n in seqlens:
         b = bucket(n)
         if b in seen:
@@ -177,21 +224,36 @@ def run(args) -> int:
         problem = representative_problem(pattern, heads, kv_heads, n, args.head_dim, dtype, cuda)
         for direction in directions:
             key = TuningKey.current(name, cap, pattern, direction, dtype, args.head_dim, heads // kv_heads, n)
+            if deadline is not None and time.monotonic() >= deadline:
+                not_done.append(f"bucket {b} {direction}")
+                continue
             print(f"[bucket {b}, {direction}] timing {problem.describe()}", flush=True)
-            res = tune(problem, direction, key, db_path, trials=trials)
+            stats = TuneStats(b, direction, trials)
+            try:
+                res = tune(problem, direction, key, db_path, trials=trials, jobs=jobs, deadline=deadline,
+                           stats=stats, precompile=None if jobs > 1 else False)
+            finally:
+                print(stats.line(), flush=True)   # also when interrupted: what this bucket did
             if res is None:
+                if stats.budget_stop and stats.trials == 0:
+                    not_done.append(f"bucket {b} {direction}")
+                    continue
                 missing.append(f"bucket {b} {direction}")
                 print(f"  no valid configuration measured for bucket {b} {direction} (every candidate failed)",
                       file=sys.stderr)
                 continue
-            for f in res.failures[:5]:
-                print(f"  pruned: {f}")
+            if stats.budget_stop:
+                not_done.append(f"bucket {b} {direction} (stopped after {stats.trials} of {trials} trials; best "
+                                f"so far stored)")
             results.append(res)
     print()
     print(table(results))
     if not cuda:
         print("\n(Triton interpreter: the times above are NOT meaningful for any GPU.)")
     print(f"\nstored in {db_path}; `msa-codegen which --pattern {pattern!r} --seqlen N ...` shows what runs")
+    if not_done:
+        print(f"budget of {args.budget_minutes:g} min spent after {(time.monotonic() - started) / 60:.1f} min; "
+              f"not done: {'; '.join(not_done)} (run again to continue: finished trials are kept)")
     if missing:
         print(f"{PROG}: error: nothing valid measured for {', '.join(missing)}", file=sys.stderr)
         return 1

@@ -34,9 +34,14 @@ _pool_size = 0
 WARM_SEQLEN = 1024
 
 
+MAX_WORKERS = 16
+
+
 def workers() -> int:
-    """Worker processes: half the CPUs (each compile runs ptxas and LLVM), at most 8."""
-    return max(2, min(8, (os.cpu_count() or 2) // 2))
+    """Worker processes by default: one per CPU core, at most MAX_WORKERS (the H200 machine has
+    16 cores; a compile is one single-threaded LLVM + ptxas run, so a core each is what helps)."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1)))
 
 
 def _get_pool(n: int) -> cf.ProcessPoolExecutor:
@@ -107,5 +112,31 @@ def compile_all(problem, direction: str, configs: list, n_workers: int | None = 
             # a worker died (killed by the OS, say): not the candidate's fault; the tuner's own
             # process compiles it, and the next batch gets a fresh pool
             out.append(None)
+            shutdown()
+    return out
+
+
+def shared_verdicts(problem, direction: str, params_list: list[dict], *, limit: int, capability: str,
+                    n_workers: int | None = None) -> list[str]:
+    """Ahead-of-time compiles for the target (``tuning.resources``) of candidates, in parallel
+    worker processes: per candidate ``"ok"``, ``"smem:<why>"`` (over ``limit``) or
+    ``"error:<compile error>"``."""
+    from . import resources
+
+    if not params_list:
+        return []
+    kw = dict(head_dim=problem.head_dim, dtype=problem.dtype, heads=problem.heads, kv_heads=problem.kv_heads,
+              seqlen=problem.seqlen, capability=capability)
+    jobs = [(problem.pattern, direction, p, limit, kw) for p in params_list]
+    if (n_workers or workers()) <= 1:
+        return [resources._verdict_worker(j)[0] for j in jobs]
+    pool = _get_pool(n_workers or workers())
+    futures = [pool.submit(resources._verdict_worker, j) for j in jobs]
+    out = []
+    for f in futures:
+        try:
+            out.append(f.result()[0])
+        except cf.process.BrokenProcessPool:
+            out.append("ok")   # not the candidate's fault: the real compile decides
             shutdown()
     return out

@@ -5,7 +5,8 @@ itself through Optuna's RDBStorage (``sqlite:///PATH``, connect timeout): severa
 (one per GPU of a node) tuning the same key share its trials, ``load_if_exists=True``.
 
 A trial: Optuna proposes a value per knob; the explicit filter (``space.why_excluded``)
-prunes what cannot fit before anything compiles; the candidate is checked against the
+prunes what cannot fit before anything compiles (near the shared-memory limit an ahead-of-time
+compile for the GPU's target decides, ``tuning.resources``); the candidate is checked against the
 float64 reference on a small problem; only then is it timed. A compile or launch failure,
 or a wrong result, ends the trial as pruned with the reason in its user attributes, never
 the tuner. The heuristic default is enqueued first, so it is always measured (the baseline), then a
@@ -22,7 +23,7 @@ import datetime
 import platform
 import random
 import socket
-import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -33,7 +34,9 @@ from ..config import LaunchConfig
 from ..heuristics import default_config
 from . import gpu as _gpu
 from . import precompile as _pre
+from . import resources as _resources
 from . import space as _space
+from .progress import Progress, TuneStats
 from .keys import TuningKey, library_version
 from .lookup import reload
 from .measure import Bench, Problem, WrongResult, error_line, median_iqr
@@ -56,6 +59,7 @@ class TuneResult:
     failures: list[str]       # reasons of the candidates that failed or were wrong (this process)
     stored: bool              # False when a faster row of the same shape was already stored
     meaningful: bool          # False in Triton's interpreter
+    stats: TuneStats | None = None   # counts of this process: trials, pruned by kind, failed, best
 
     @property
     def speedup(self) -> float | None:
@@ -128,13 +132,23 @@ def _provenance(problem: Problem, meaningful: bool, rounds: int) -> str:
 def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, trials: int, seed: int = 0,
          progress: bool = True, finalists: int = FINALISTS, rounds: int | None = None,
          rep_ms: int = 100, on_trial: Callable[[int, float | None], None] | None = None,
-         precompile: bool | None = None) -> TuneResult | None:
+         precompile: bool | None = None, jobs: int | None = None, deadline: float | None = None,
+         stats: TuneStats | None = None) -> TuneResult | None:
     """Tune one direction of one key; store the winner in ``db_path``. None when nothing valid
     was measured (every candidate failed, the default included).
 
-    ``precompile`` (default: on a GPU) asks the sampler for a batch of candidates at a time and
-    compiles them in parallel worker processes before checking and timing them here
-    (``tuning.precompile``)."""
+    ``precompile`` (default: on a GPU) asks the sampler for a batch of ``jobs`` candidates
+    (default ``precompile.workers()``: the CPU cores, at most 16) and compiles them in parallel
+    worker processes before checking and timing them here (``tuning.precompile``).
+
+    Before anything compiles, candidates are pruned by the filter (``space.why_excluded``: the
+    shared-memory estimate among others) and, where the estimate comes close to the device's
+    limit, by an ahead-of-time compile for the GPU's target (``tuning.resources``). An out of
+    resources error that still happens is a failed trial, counted in ``stats``, never printed.
+
+    ``deadline`` (``time.monotonic()`` seconds): no trial starts after it; what finished is
+    stored (the best trial's own timing when the finalists' rounds no longer fit). ``stats`` is
+    filled in place (also when nothing valid was measured or the run is interrupted)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -157,7 +171,8 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     def measured() -> dict[tuple, optuna.trial.FrozenTrial]:
         done = {}
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            if t.state == TrialState.COMPLETE or t.user_attrs.get("failure"):
+            if t.state == TrialState.COMPLETE or t.user_attrs.get("failure") or t.user_attrs.get("target_excluded"):
+                # measured, failed, or over the target's shared memory (ahead-of-time compile)
                 done[_params_key(t.params)] = t
         return done
 
@@ -177,13 +192,23 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     misses = 0
     rng = random.Random(seed)
     everything = {_params_key(p) for p in valid} | {_params_key(default_params)}
-    bar = _progress(trials, f"{direction} bucket {problem.bucket}", progress)
+    stats = stats if stats is not None else TuneStats(problem.bucket, direction, trials)
+    bar = Progress(stats, enabled=progress)
     batch_size = 1
     if precompile if precompile is not None else not interp:
+        batch_size = jobs if jobs is not None else _pre.workers()
+    # the ahead-of-time verdict of borderline candidates (a GPU process: kernels not interpreted)
+    aot = _target_checks(interp)
+    capability = key.capability
 
-        batch_size = _pre.workers()
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
     try:
         while counted < trials and attempts < max_attempts:
+            if out_of_time():
+                stats.budget_stop = True
+                break
             done = measured()
             if everything <= set(done):   # every valid candidate (and the default) measured
                 break
@@ -204,6 +229,11 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                     # pruned before compiling: costs nothing and is not counted as a trial
                     _settle(study, trial, excluded=reason)
                     pruned += 1
+                    if reason != "already measured in this study":
+                        if _space.is_smem_reason(reason):
+                            stats.pruned_smem += 1
+                        else:
+                            stats.pruned_other += 1
                     misses += 1
                     if misses >= 5:
                         # the sampler keeps proposing what is excluded or measured (small or heavily
@@ -215,14 +245,35 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                         misses = 0
                     continue
                 misses = 0
-                batch.append((trial, pk, _space.with_params(direction, params, default)))
+                batch.append((trial, pk, _space.with_params(direction, params, default), params, is_default))
+            # close to the shared-memory limit: an ahead-of-time compile for the target decides
+            near = [b for b in batch if aot and not b[4] and _space.borderline(direction, b[3], env)]
+            if near:
+                verdicts = _pre.shared_verdicts(problem, direction, [b[3] for b in near], limit=env.smem_bytes,
+                                                capability=capability, n_workers=batch_size)
+                for b, verdict in zip(near, verdicts):
+                    if verdict.startswith("smem:"):
+                        _settle(study, b[0], excluded=verdict[5:], target_excluded=True)
+                        pruned += 1
+                        stats.pruned_smem += 1
+                        batch.remove(b)
+                    # "error:...": the real compile below fails the same way and records it
+                bar.update()
+            batch = [b[:3] for b in batch]
             # compile the batch in parallel worker processes (nothing is timed meanwhile)
-            compiled = (_pre.compile_all(problem, direction, [b[2] for b in batch]) if batch_size > 1
-                        else [None] * len(batch))
-            for (trial, pk, cfg), compile_error in zip(batch, compiled):
+            compiled = (_pre.compile_all(problem, direction, [b[2] for b in batch], n_workers=batch_size)
+                        if batch_size > 1 else [None] * len(batch))
+            for i, ((trial, pk, cfg), compile_error) in enumerate(zip(batch, compiled)):
+                if out_of_time():
+                    # compiled but not started: left for a later run (not marked as a failure)
+                    for t, _, _ in batch[i:]:
+                        _settle(study, t, excluded="not timed: time budget spent")
+                    stats.budget_stop = True
+                    break
                 counted += 1
+                stats.trials += 1
                 if compile_error is not None:
-                    _fail(study, trial, compile_error, failures)
+                    _fail(study, trial, compile_error, failures, stats)
                     pruned += 1
                     _bar_update(bar, best)
                     continue
@@ -231,14 +282,15 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
                     checked_here.add(pk)
                     med, spread, _ = bench.time(cfg)
                 except WrongResult as e:
-                    _fail(study, trial, f"wrong result: {e}", failures)
+                    _fail(study, trial, f"wrong result: {e}", failures, stats)
                     pruned += 1
                 except Exception as e:   # compile errors, out of resources, launch failures
-                    _fail(study, trial, error_line(e), failures)
+                    _fail(study, trial, error_line(e), failures, stats)
                     pruned += 1
                 else:
                     _settle(study, trial, med, check_error=err, spread_ms=spread, meaningful=not interp)
                     best = med if best is None else min(best, med)
+                    stats.best_ms = best
                     if on_trial:
                         on_trial(counted, best)
                 _bar_update(bar, best)
@@ -272,16 +324,22 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
         return None
     n_rounds = rounds if rounds is not None else (2 if interp else 5)
     order = list(runners)
-    samples: dict[tuple, list[float]] = {pk: [] for pk in order}
-    for r in range(n_rounds):
-        # interleaved: every round measures each finalist once, starting at a different one
-        for pk in order[r % len(order):] + order[:r % len(order)]:
-            med, _, _ = bench.time(runners[pk], rep_ms=max(10, rep_ms // 2))
-            samples[pk].append(med)
-    stats = {pk: median_iqr(samples[pk]) for pk in order}
-    win = min(order, key=lambda pk: stats[pk][0])
-    med, spread = stats[win]
-    default_ms = stats[dpk][0] if dpk in stats else None
+    if out_of_time():
+        # the budget is spent: the finalists keep the timings of their trials (no rounds)
+        n_rounds = 0
+        by_pk = {_params_key(t.params): t for t in complete}
+        timed = {pk: (by_pk[pk].value, float(by_pk[pk].user_attrs.get("spread_ms", 0.0))) for pk in order}
+    else:
+        samples: dict[tuple, list[float]] = {pk: [] for pk in order}
+        for r in range(n_rounds):
+            # interleaved: every round measures each finalist once, starting at a different one
+            for pk in order[r % len(order):] + order[:r % len(order)]:
+                med, _, _ = bench.time(runners[pk], rep_ms=max(10, rep_ms // 2))
+                samples[pk].append(med)
+        timed = {pk: median_iqr(samples[pk]) for pk in order}
+    win = min(order, key=lambda pk: timed[pk][0])
+    med, spread = timed[win]
+    default_ms = timed[dpk][0] if dpk in timed else None
     win = chosen[win]
     flops = problem.flops(direction)
     tflops = flops / med / 1e9 if flops else None
@@ -295,8 +353,15 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
     with TuningDB(db_path) as db:
         stored = db.put(row, keep_faster=True)
     reload()   # this process's next lookups and call plans see the new row
+    stats.best_ms = med
     return TuneResult(key, problem, config, med, spread, default_ms, tflops, n_trials, pruned, failures, stored,
-                      meaningful=not interp)
+                      meaningful=not interp, stats=stats)
+
+
+def _target_checks(interpreter: bool) -> bool:
+    """Whether borderline candidates get an ahead-of-time compile for the target: a GPU process
+    (kernels not interpreted) with Triton's NVIDIA backend."""
+    return not interpreter and _resources.available()
 
 
 def _settle(study, trial, value: float | None = None, **attrs) -> bool:
@@ -318,31 +383,21 @@ def _settle(study, trial, value: float | None = None, **attrs) -> bool:
     return True
 
 
-def _fail(study, trial, reason: str, failures: list[str]) -> None:
+def _fail(study, trial, reason: str, failures: list[str], stats: TuneStats | None = None) -> None:
     reason = reason[:500]
     _settle(study, trial, failure=reason)
     failures.append(reason)
+    if stats is not None:
+        stats.failed += 1
+        if _space.is_smem_reason(reason) or "OutOfResources" in reason:
+            stats.out_of_resources += 1
 
 
-# ---- progress bar (tqdm, installed with optuna) -----------------------------------------------
+# ---- progress (tuning.progress) ------------------------------------------------------------
 
-def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:   # pragma: no cover
-        return None
-    return tqdm(total=total, desc=desc, unit="trial", file=sys.stderr, dynamic_ncols=True, leave=True)
+def _bar_update(bar: Progress, best):
+    bar.update()
 
 
-def _bar_update(bar, best):
-    if bar is None:
-        return
-    bar.update(1)
-    bar.set_postfix_str(f"best {best:.4g} ms" if best is not None else "best -")
-
-
-def _bar_close(bar):
-    if bar is not None:
-        bar.close()
+def _bar_close(bar: Progress):
+    bar.close()

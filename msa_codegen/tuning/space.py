@@ -83,9 +83,56 @@ def space(direction: str, interpreter: bool) -> list[dict[str, int]]:
             for bm2, bn2, w2, s2 in itertools.product(k["block_m2"], k["block_n2"], k["num_warps2"], k["num_stages2"])]
 
 
+# Shared memory of a kernel: esize * BLOCK_D * (resident rows + streamed rows * num_stages), plus
+# at most SMEM_OVERHEAD bytes (barriers, small scratch). Checked against ahead-of-time compiles
+# for sm_90 with the launch's divisibility specialisation (Triton 3.9, 2026-12-02; window=4096,
+# dilation 2 and sink=64, D 64 and 128, bf16): 20 candidates of both directions, the tiles alone
+# within 0-2064 B below the compiler's figure every time (the most: sink=64's prefix dk/dv). An earlier version counted
+# num_stages - 1 buffers: it let through candidates that then failed at launch (issue 20: 17 of
+# them in one msa-tune run on the H200).
+SMEM_OVERHEAD = 3072
+# Candidates whose estimate lies within this many bytes below the device's limit are borderline:
+# the tuner asks an ahead-of-time compile for the target (``tuning.resources``) before compiling
+# them for real, where that compile is available.
+SMEM_BORDERLINE = 16384
+
+
 def _buffers(stages: int) -> int:
-    # Triton's pipeliner keeps about num_stages - 1 tiles in flight; one at least
-    return max(1, stages - 1)
+    # Triton's pipeliner allocates num_stages buffers of each streamed (TMA-loaded) tile
+    return max(1, stages)
+
+
+def _smem(env: Env, resident_rows: int, streamed_rows: int, stages: int) -> int:
+    return env.esize * env.block_d * (resident_rows + streamed_rows * _buffers(stages)) + SMEM_OVERHEAD
+
+
+def _kernel_tiles(direction: str, params: dict[str, int]) -> list[tuple[str, int, int, int]]:
+    """(kernel, resident rows, streamed rows per stage, stages) of each kernel of a candidate."""
+    if direction == "fwd":
+        # fwd: q tile resident, k and v blocks streamed
+        return [("fwd", params["block_m"], 2 * params["block_n"], params["num_stages"])]
+    # dk/dv: k, v tile resident, q and do blocks streamed; dq: q, do resident, k and v streamed
+    return [("dk/dv", 2 * params["block_n1"], 2 * params["block_m1"], params["num_stages1"]),
+            ("dq", 2 * params["block_m2"], 2 * params["block_n2"], params["num_stages2"])]
+
+
+def smem_estimate(direction: str, params: dict[str, int], env: Env) -> int:
+    """Estimated shared memory (bytes) of the largest kernel of a candidate."""
+    return max(_smem(env, r, s, st) for _, r, s, st in _kernel_tiles(direction, params))
+
+
+def borderline(direction: str, params: dict[str, int], env: Env) -> bool:
+    """Whether a candidate the filter keeps comes within SMEM_BORDERLINE bytes of the device's
+    limit: worth an ahead-of-time compile for the target before a real one."""
+    if env.interpreter:
+        return False
+    return smem_estimate(direction, params, env) > env.smem_bytes - SMEM_BORDERLINE
+
+
+def is_smem_reason(reason: str | None) -> bool:
+    """Whether a reason of ``why_excluded`` (or a launch error) is about shared memory."""
+    return bool(reason) and ("shared memory" in reason or "OutOfResources" in reason
+                             or "out of resource" in reason.lower())
 
 
 def _kernel_exclusion(env: Env, block_m: int, block_n: int, warps: int, stages: int, *,
@@ -105,7 +152,7 @@ def _kernel_exclusion(env: Env, block_m: int, block_n: int, warps: int, stages: 
     if min(block_m, block_n) > cap:
         # a tile longer than the sequence (of one dilation class) only computes padding
         return f"{what}: blocks {block_m}x{block_n} longer than the {env.class_len} rows of a dilation class"
-    smem = env.esize * env.block_d * (resident_rows + streamed_rows * _buffers(stages))
+    smem = _smem(env, resident_rows, streamed_rows, stages)
     if smem > env.smem_bytes:
         # the tiles of the pipeline do not fit the shared memory of one block: compile error
         return f"{what}: about {smem // 1024} KiB of shared memory per block, the device has {env.smem_bytes // 1024}"

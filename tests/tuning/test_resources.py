@@ -1,0 +1,177 @@
+"""What is pruned before compiling and how the tuner reports it (msa_codegen.tuning.space,
+resources, progress, search): the shared-memory estimate against ahead-of-time compiles for
+sm_90, the pruned and failed counts of a tuning run, its summary line and progress display."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from msa_codegen.tuning import precompile, resources, space
+from msa_codegen.tuning.progress import Progress, TuneStats
+from msa_codegen.tuning.search import tune
+
+from tuning_helpers import _key, _problem, tmp_home  # noqa: F401 (tmp_home: autouse)
+
+HAS_NVIDIA = importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+# ---- the estimate ------------------------------------------------------------------------------
+
+def test_estimate_counts_every_stage_and_prunes_what_cannot_fit():
+    env = space.Env(head_dim=128, dtype=torch.bfloat16, seqlen=131072, dilation=2)
+    # q (128 x 128) + 4 stages of k and v (2 x 128 x 128), bf16: 288 KiB, over sm_90's 227 KiB;
+    # counting num_stages - 1 buffers (as before) let it through, and it failed at launch
+    p = dict(block_m=128, block_n=128, num_warps=8, num_stages=4)
+    assert space.smem_estimate("fwd", p, env) == 2 * 128 * (128 + 4 * 256) + space.SMEM_OVERHEAD
+    assert space.is_smem_reason(space.why_excluded("fwd", p, env))
+    # 3 stages: 230400 B compiled for sm_90, just under the limit: kept, and borderline
+    p3 = dict(p, num_stages=3)
+    assert space.why_excluded("fwd", p3, env) is None and space.borderline("fwd", p3, env)
+    assert not space.borderline("fwd", dict(p, num_stages=1), env)
+    assert space.is_smem_reason("OutOfResources: out of resource: shared memory, Required: 262144")
+
+
+_AOT_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    from msa_codegen.tuning import resources, space
+    out = []
+    for d, p in json.loads(sys.argv[1]):
+        env = space.Env(head_dim=d, dtype=torch.bfloat16, seqlen=8192, dilation=2)
+        t0 = time.perf_counter()
+        got = resources.candidate_shared("window=4096,dilation=2", "fwd", p, head_dim=d, dtype=torch.bfloat16,
+                                         heads=16, kv_heads=16, seqlen=8192)
+        why = resources.over_limit("window=4096,dilation=2", "fwd", p, limit=resources.SM90_SHARED_OPTIN,
+                                   head_dim=d, dtype=torch.bfloat16, heads=16, kv_heads=16, seqlen=8192)
+        out.append(dict(aot=got["fwd"], estimate=space.smem_estimate("fwd", p, env), why=why,
+                        seconds=time.perf_counter() - t0))
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(not HAS_NVIDIA, reason="needs triton.backends.nvidia (ahead-of-time compile for sm_90)")
+def test_estimate_agrees_with_an_ahead_of_time_compile_for_sm90(tmp_path):
+    """Two real candidates compiled for sm_90 on this CPU (a process without TRITON_INTERPRET),
+    specialised as a launch is: the estimate is at most SMEM_OVERHEAD above the compiler's figure
+    and never below it; the over-limit one is named with its bytes; the verdict is cached."""
+    cands = [(64, dict(block_m=64, block_n=64, num_warps=4, num_stages=2)),
+             (128, dict(block_m=128, block_n=128, num_warps=8, num_stages=4))]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    p = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, json.dumps(cands)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    small, big = json.loads(p.stdout.strip().splitlines()[-1])
+    for r in (small, big):
+        assert r["estimate"] - space.SMEM_OVERHEAD <= r["aot"] <= r["estimate"], r
+    assert small["why"] is None
+    assert big["aot"] > resources.SM90_SHARED_OPTIN and f"{big['aot']} B of shared memory" in big["why"]
+    print(f"AOT sm_90: {small['seconds']:.1f} s and {big['seconds']:.1f} s per candidate")
+    assert len(list((tmp_path / "home" / "smem-cache").glob("*.json"))) == 2
+
+
+def test_signature_specialises_as_a_launch():
+    """Pointers and strides divisible by 16, the last dim's stride and a GQA group of 1 constant,
+    what the kernel does not specialise (N, H_OFF) left alone."""
+    class P:
+        def __init__(self, c):
+            self.is_constexpr = c
+
+    class K:
+        arg_names = ["Q", "LSE", "stride_qn", "stride_qd", "GROUP", "N", "qk_scale", "BLOCK_M"]
+        params = [P(False)] * 7 + [P(True)]
+        do_not_specialize = ["N"]
+
+    sig, consts, attrs = resources._signature(K, {"BLOCK_M": 64}, "bf16", group=1)
+    assert sig == {"Q": "*bf16", "LSE": "*fp32", "stride_qn": "i32", "stride_qd": "constexpr",
+                   "GROUP": "constexpr", "N": "i32", "qk_scale": "fp32", "BLOCK_M": "constexpr"}
+    assert consts == {(3,): 1, (4,): 1, (7,): 64}
+    assert set(attrs) == {(0,), (1,), (2,)}
+
+
+# ---- the tuner's counts, its summary line and progress -----------------------------------------
+
+def test_pruned_and_failed_are_counted_not_printed(tmp_home, monkeypatch, capsys):
+    """Candidates pruned for shared memory (by the estimate, and by an ahead-of-time verdict near
+    the limit) are never compiled; an out-of-resources error at launch is a failed trial; all are
+    counted in one summary line, and nothing is printed per trial."""
+    from triton.runtime.errors import OutOfResources
+
+    from msa_codegen.tuning import measure, search
+
+    # in the interpreter nothing exceeds the (absent) limit: pretend that 16 x 16 tiles do (the
+    # default, 32 x 32, is measured whatever the filter says)
+    real_why = space.why_excluded
+
+    def why(direction, params, env):
+        if params.get("block_m") == 16 and params.get("block_n") == 16:
+            return "fwd: about 300 KiB of shared memory per block, the device has 227"
+        return real_why(direction, params, env)
+
+    monkeypatch.setattr(space, "why_excluded", why)
+    # 16 x 32 tiles are near the limit, and the compile for the target says they exceed it
+    monkeypatch.setattr(search, "_target_checks", lambda interpreter: True)
+    monkeypatch.setattr(space, "borderline", lambda d, p, env: p["block_m"] == 16 and p["block_n"] == 32)
+    asked = []
+
+    def verdicts(problem, direction, params_list, **kw):
+        asked.extend(params_list)
+        return ["smem:fwd: 240000 B of shared memory per block (compiled for the target)"] * len(params_list)
+
+    monkeypatch.setattr(precompile, "shared_verdicts", verdicts)
+    # 32 x 16 tiles compile but the launch runs out of shared memory
+    real_check = measure.Bench.check
+    timed = []
+
+    def check(self, cfg):
+        if cfg.fwd.block_m == 32 and cfg.fwd.block_n == 16:
+            raise OutOfResources(262144, 232448, "shared memory")
+        timed.append((cfg.fwd.block_m, cfg.fwd.block_n))
+        return real_check(self, cfg)
+
+    monkeypatch.setattr(measure.Bench, "check", check)
+    stats = TuneStats(1024, "fwd", 4)
+    res = tune(_problem(), "fwd", _key("fwd"), tmp_home / "tuning.db", trials=4, progress=False, stats=stats)
+    assert res is not None and res.stats is stats and res.config["block_m"] == 32 and res.config["block_n"] == 32
+    assert {(p["block_m"], p["block_n"]) for p in asked} == {(16, 32)}
+    assert (16, 32) not in timed and (16, 16) not in timed
+    assert stats.pruned_smem >= 1 and stats.failed == stats.out_of_resources == 1
+    assert stats.trials == 2 and stats.best_ms == res.median_ms   # the default (32 x 32) and 32 x 16
+    out = capsys.readouterr()
+    assert "out of resource" not in (out.out + out.err).lower()
+    line = stats.line()
+    assert line.startswith(f"bucket 1024 fwd: 2 trials, {stats.pruned_smem} pruned (shared memory), 1 failed "
+                           f"(1 out of resources), best ")
+    assert line.endswith(" ms")
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_in_place_on_a_terminal_plain_lines_elsewhere():
+    for stream in (_Tty(), io.StringIO()):
+        stats = TuneStats(131072, "fwd", 8)
+        bar = Progress(stats, stream=stream)
+        for i in range(8):
+            stats.trials, stats.best_ms = i + 1, 10.0 - i
+            bar.update()
+        bar.close()
+        text = stream.getvalue()
+        if isinstance(stream, _Tty):
+            # one line rewritten in place, erased at the end (the caller prints the summary)
+            assert "\n" not in text and text.count("\r") == 8 + 2 and text.endswith("\r")
+        else:
+            # a line per quarter of the trials: short CI logs (the caller prints the summary)
+            assert [line.split()[0] for line in text.splitlines()] == ["[1/8]", "[3/8]", "[5/8]", "[7/8]"]
+    assert TuneStats(8192, "bwd", 40, trials=12, failed=2, best_ms=1.5, budget_stop=True).line() == \
+        "bucket 8192 bwd: 12 trials of 40, 0 pruned (shared memory), 2 failed, best 1.5 ms, budget spent"
