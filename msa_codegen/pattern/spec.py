@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["PatternError", "Spec", "HeadGroup", "Pattern", "parse", "MAX_VALUE", "KNOWN_TERMS"]
+__all__ = ["PatternError", "Spec", "HeadGroup", "Pattern", "parse", "msa_split", "MAX_VALUE", "KNOWN_TERMS"]
 
 #: Largest value any term (and any head number) may take: values become int32 constexprs.
 MAX_VALUE = 2**31 - 1
@@ -264,6 +264,35 @@ class Pattern:
 
 def _range_text(a: int, b: int) -> str:
     return str(a) if a == b else f"{a}-{b}"
+
+
+@lru_cache(maxsize=256)
+def msa_split(pattern: str | Pattern, num_heads: int) -> tuple[tuple[int, int, Spec], tuple[tuple[int, int, str], ...]]:
+    """A pattern with one ``msa`` head group, cut for its two kinds of kernels.
+
+    Returns ``((h0, h1, spec), runs)``: the msa group's query heads ``h0 <= h < h1`` and its
+    Spec, and the runs of the other heads before and after it, each ``(a, b, text)`` with the
+    pattern of heads ``a..b-1`` renumbered from head 0 (``"window=32"`` for one group). Raises
+    ValueError when the groups do not cover ``num_heads`` or the pattern has no msa group or more
+    than one (``attention`` takes one set of proxies per call).
+    """
+    pat = parse(pattern)
+    groups = pat.head_groups(num_heads)
+    msa = [(h0, h1, spec) for h0, h1, spec in groups if spec.msa]
+    if len(msa) != 1:
+        names = ", ".join(f"heads {_range_text(h0, h1 - 1)}: {spec}" for h0, h1, spec in msa)
+        raise ValueError(f"pattern {_q(str(pat))} has {len(msa)} msa head groups{f' ({names})' if names else ''}; "
+                         f"exactly one msa group is allowed (one set of proxies, q_proxy / k_proxy, per call)")
+    h0, h1, spec = msa[0]
+
+    def run(a: int, b: int) -> tuple[int, int, str]:
+        inside = [(g0, g1, sp) for g0, g1, sp in groups if a <= g0 and g1 <= b]
+        if len(inside) == 1:
+            return a, b, str(inside[0][2])
+        return a, b, ";".join(f"{g0 - a}-{g1 - 1 - a}:{sp}" for g0, g1, sp in inside)
+
+    runs = tuple(run(a, b) for a, b in ((0, h0), (h1, num_heads)) if b > a)
+    return (h0, h1, spec), runs
 
 
 # ---------------------------------------------------------------------------------------
