@@ -17,7 +17,7 @@ from .autograd import run, run_compiled
 from .config import as_list
 from .kernels.render import interpreting
 from .pattern.lowering import MAX_SEQLEN
-from .pattern.spec import Pattern, msa_split, parse
+from .pattern.spec import Pattern, parse
 from .plan import plan_for
 from .sparsity.inputs import prepare
 from .tuning import lookup as tuning_lookup
@@ -28,6 +28,18 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the package is imported (the tuner runs ``attention``, so the core calls it through this hook
 #: instead of importing it)
 _autotuner = None
+
+
+#: the route of patterns with an msa head group, ``(attention, resolution)``: ``msa.groups`` installs
+#: them here when the package is imported (msa_codegen.msa imports this module: its warm-up runs
+#: the dense causal kernels; the core reaches MSA through this hook instead of importing it)
+_msa_route = None
+
+
+def install_msa_route(attention_fn, resolution_fn) -> None:
+    """Set what ``attention`` / ``explain`` call for a pattern with an ``msa`` group."""
+    global _msa_route
+    _msa_route = (attention_fn, resolution_fn)
 
 
 def install_autotuner(fn) -> None:
@@ -173,8 +185,8 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             _refuse_msa_compiled()
         return _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time)
     if parse(pattern).msa_groups:
-        return _msa_groups(q, k, v, pattern, scale, return_lse, autotune, run_time, q_proxy, k_proxy, proxy_scale,
-                           return_kl)
+        return _msa_route[0](q, k, v, pattern, scale, return_lse, autotune, run_time, q_proxy, k_proxy,
+                             proxy_scale, return_kl)
     if msa_inputs:
         given = ", ".join(name for name, x in (("q_proxy", q_proxy), ("k_proxy", k_proxy),
                                                ("proxy_scale", proxy_scale), ("return_kl", return_kl or None))
@@ -220,58 +232,6 @@ def _refuse_msa_compiled():
     raise NotImplementedError(_MSA_NOT_COMPILED)
 
 
-def _msa_groups(q, k, v, pattern, scale, return_lse, autotune, run_time, q_proxy, k_proxy, proxy_scale, return_kl):
-    """``attention`` of a pattern with an msa head group: ``msa_attention`` on that group's heads,
-    the pattern kernels on the runs of other heads before and after it, joined along the heads."""
-    from .msa.api import msa_attention   # msa.api imports this module (warm-up runs attention)
-
-    if return_lse:
-        raise ValueError("return_lse is not available with an msa=T pattern term (attention returns (out, kl)); "
-                         "call without return_lse")
-    dynamic = [name for name in ("q_pos", "k_pos", "q_bucket", "k_bucket", "block_indices")
-               if run_time[name] is not None]
-    if dynamic:
-        raise ValueError(f"{', '.join(dynamic)}: not available with an msa=T pattern term (MSA takes cu_seqlens "
-                         f"only)")
-    b, hq, n, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
-    (h0, h1, spec), runs = msa_split(pattern, hq)   # ValueError: not one msa group, heads not covered
-    missing = [name for name, x in (("q_proxy", q_proxy), ("k_proxy", k_proxy)) if x is None]
-    if missing:
-        raise ValueError(f"the msa={spec.msa} term of heads {h0}-{h1 - 1} needs q_proxy (B, Hp, N, Dp) and k_proxy "
-                         f"(B, Hpk, N, Dp) for those heads; missing: {', '.join(missing)}")
-    if h0 % g or h1 % g:
-        raise ValueError(f"the msa group (heads {h0}-{h1 - 1}) must cover whole KV groups: with Hq={hq} and "
-                         f"Hkv={hkv} each key/value head serves {g} query heads, so its first head and last head "
-                         f"+ 1 must be multiples of {g} (got {h0} and {h1})")
-    if isinstance(q_proxy, torch.Tensor) and q_proxy.dim() == 4 and (h1 - h0) % q_proxy.shape[1]:
-        raise ValueError(f"q_proxy serves the msa group's {h1 - h0} query heads ({h0}-{h1 - 1}): its head count "
-                         f"must divide {h1 - h0}, got Hp={q_proxy.shape[1]}")
-    cu_seqlens = run_time["cu_seqlens"]
-    out_msa, kl = msa_attention(q[:, h0:h1], k[:, h0 // g:h1 // g], v[:, h0 // g:h1 // g], q_proxy, k_proxy,
-                                spec.msa, block=spec.block, scale=scale, proxy_scale=proxy_scale,
-                                cu_seqlens=cu_seqlens, return_kl=return_kl)
-    pieces = []
-    for a, z, text in runs:
-        out = attention(q[:, a:z], k[:, a // g:z // g], v[:, a // g:z // g], text, scale=scale,
-                        cu_seqlens=cu_seqlens, autotune=autotune)
-        pieces.append((a, out))
-    pieces.append((h0, out_msa))
-    pieces.sort(key=lambda p: p[0])
-    return _join_heads([p[1] for p in pieces], q), kl
-
-
-def _join_heads(outs: list, q: torch.Tensor) -> torch.Tensor:
-    """The head slices' outputs as one ``(B, Hq, N, D)`` tensor, in q's layout when q is a
-    ``(B, N, H, D)`` tensor seen as ``.transpose(1, 2)``."""
-    if len(outs) == 1:
-        return outs[0]
-    if q.shape[1] > 1 and q.transpose(1, 2).is_contiguous():
-        return torch.cat([o.transpose(1, 2) for o in outs], dim=2).transpose(1, 2)
-    return torch.cat(outs, dim=1)
-
-
 @torch._dynamo.assume_constant_result
 def _compiled_plan(pattern: str, device: str, dtype: str, head_dim: int, hq: int, hkv: int, seqlen: int,
                    positional: bool, segments: bool, classes: bool) -> tuple:
@@ -302,42 +262,6 @@ def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes
     return (out, lse) if return_lse else out
 
 
-@dataclasses.dataclass(frozen=True)
-class MsaResolution:
-    """What a pattern with an msa head group runs: MSA's kernels on that group (with the launch
-    parameters of ``msa_codegen.msa.launch``, not tuned), and per run of other heads the
-    ``Resolution`` of its own pattern (which the tuning database answers as for any pattern)."""
-
-    pattern: str
-    msa_heads: tuple[int, int]         # first, last (inclusive)
-    msa_spec: str
-    msa_launch: str                    # msa.launch.describe()
-    others: tuple                      # ((first, last, pattern of those heads, Resolution), ...)
-
-    @property
-    def source(self) -> str:
-        return "msa_codegen.msa.launch defaults (not tuned)"
-
-    def __str__(self) -> str:
-        a, z = self.msa_heads
-        lines = [f"pattern {self.pattern!r}",
-                 f"heads {a}-{z} ({self.msa_spec}): {self.msa_launch}"]
-        for first, last, text, res in self.others:
-            lines.append(f"heads {first}-{last} ({text}, renumbered from head 0):")
-            lines.extend("  " + line for line in str(res).splitlines())
-        return "\n".join(lines)
-
-
-def msa_resolution(pattern, hq: int, hkv: int, resolve) -> MsaResolution:
-    """The ``MsaResolution`` of a pattern with one msa group on ``hq`` query heads; ``resolve(text)``
-    gives the Resolution of the other heads' pattern (``tuning.lookup`` for a device or a GPU)."""
-    from .msa import launch as msa_launch   # msa imports this module
-
-    (h0, h1, spec), runs = msa_split(pattern, hq)
-    return MsaResolution(str(parse(pattern)), (h0, h1 - 1), str(spec), msa_launch.describe(),
-                         tuple((a, z - 1, text, resolve(text)) for a, z, text in runs))
-
-
 def explain(q, k, v, pattern="causal"):
     """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
 
@@ -356,7 +280,7 @@ def explain(q, k, v, pattern="causal"):
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
     if parse(pattern).msa_groups:
-        return msa_resolution(pattern, hq, hkv, lambda text: explain(q, k, v, text))
+        return _msa_route[1](pattern, hq, hkv, lambda text: explain(q, k, v, text))
     res = tuning_lookup.lookup(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
     forced = _config.override()
     if forced is not None:

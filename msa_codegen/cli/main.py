@@ -277,7 +277,7 @@ def cmd_which(args) -> int:
             if cap is None:
                 raise ValueError(f"--gpu {args.gpu}: unknown GPU name (known: {', '.join(_gpu.KNOWN_GPUS)}; or auto)")
     if pat.msa_groups:
-        from ..api import msa_resolution
+        from ..msa.groups import msa_resolution
 
         hq = heads if heads is not None else (pat.groups[-1].last + 1 if pat.grouped else 1)
         res = msa_resolution(pat, hq, hq // group, lambda text: lookup_for_gpu(
