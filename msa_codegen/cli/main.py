@@ -59,6 +59,9 @@ def cmd_demo(args) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is loaded
     print(_versions())
     pattern = parse(args.pattern)   # a bad pattern is the caller's error: main reports it in one line
+    if pattern.msa_groups:
+        return _fail("the demo checks the pattern kernels against their element mask; msa=T has none (its "
+                     "selection comes from proxy heads): see msa_codegen.msa_attention and reference_msa")
     try:
         ok = _demo(pattern, args.seqlen, cuda)
     except Exception as e:   # anything the kernels raise: one line, the versions above, where to report

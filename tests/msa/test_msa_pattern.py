@@ -83,6 +83,19 @@ def test_mixed_keeps_bnhd_layout(device):
     assert torch.equal(out, torch.cat([a, b], 1))
 
 
+def test_mixed_with_documents(device):
+    # cu_seqlens reaches both kinds of heads: documents restart the selection and the window
+    q, k, v, qp, kp = (t.detach() for t in inputs(device, 4, 2, 1, 1))
+    cu = torch.tensor([0, 70, N], dtype=torch.int32, device=device)
+    with torch.no_grad():
+        out, kl = msa.attention(q, k, v, "0-1:msa=64,block=64;2-3:window=8", q_proxy=qp, k_proxy=kp,
+                                cu_seqlens=cu, return_kl=True)
+        a, akl = msa.msa_attention(q[:, :2], k[:, :1], v[:, :1], qp, kp, 64, block=64, cu_seqlens=cu,
+                                   return_kl=True)
+        b = msa.attention(q[:, 2:], k[:, 1:], v[:, 1:], "window=8", cu_seqlens=cu)
+    assert torch.equal(out, torch.cat([a, b], 1)) and torch.equal(kl, akl)
+
+
 def _small(device, h=4, hkv=2, hp=1, hpk=1):
     return [t.detach() for t in inputs(device, h, hkv, hp, hpk)]
 
