@@ -53,7 +53,7 @@ def attention_with_msa(q, k, v, pattern, scale, return_lse, autotune, run_time, 
     pieces = []
     for a, z, text in runs:
         out = api.attention(q[:, a:z], k[:, a // g:z // g], v[:, a // g:z // g], text, scale=scale,
-                        cu_seqlens=cu_seqlens, autotune=autotune)
+                            cu_seqlens=cu_seqlens, autotune=autotune)
         pieces.append((a, out))
     pieces.append((h0, out_msa))
     pieces.sort(key=lambda p: p[0])
