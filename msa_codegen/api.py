@@ -30,6 +30,18 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _autotuner = None
 
 
+#: the route of patterns with an msa head group, ``(attention, resolution)``: ``msa.groups`` installs
+#: them here when the package is imported (msa_codegen.msa imports this module: its warm-up runs
+#: the dense causal kernels; the core reaches MSA through this hook instead of importing it)
+_msa_route = None
+
+
+def install_msa_route(attention_fn, resolution_fn) -> None:
+    """Set what ``attention`` / ``explain`` call for a pattern with an ``msa`` group."""
+    global _msa_route
+    _msa_route = (attention_fn, resolution_fn)
+
+
 def install_autotuner(fn) -> None:
     """Set the function ``attention(..., autotune=True)`` calls as ``fn(q, k, pattern_text)``."""
     global _autotuner
@@ -83,7 +95,8 @@ def _check_inputs(q, k, v, scale, lengths_may_differ=False):
 
 def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None = None,
               return_lse: bool = False, deterministic: bool = True, cu_seqlens=None, q_pos=None, k_pos=None,
-              q_bucket=None, k_bucket=None, block_indices=None, autotune: bool = False):
+              q_bucket=None, k_bucket=None, block_indices=None, autotune: bool = False, q_proxy=None,
+              k_proxy=None, proxy_scale: float | None = None, return_kl: bool = False):
     """Sparse attention through a pattern, with autograd.
 
     Args:
@@ -123,14 +136,37 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             KV head for the pattern term ``topk=K`` (-1 unused, any order, duplicates allowed);
             ``select_blocks`` computes them. Blocks are blocks of rows of the tensors as passed.
 
+    MSA (the pattern term ``msa=T``, one head group of the pattern at most; see
+    ``msa_codegen.msa_attention`` for the contract):
+        q_proxy: ``(B, Hp, N, Dp)``, the proxy query heads of the msa group's query heads only
+            (that group's head count a multiple of Hp); required with an msa term, refused without.
+        k_proxy: ``(B, Hpk, N, Dp)``, Hp a multiple of Hpk; same rules.
+        proxy_scale: the proxy scores' scale, default ``Dp ** -0.5``.
+        return_kl: compute the KL's exact value (one more pass over the selected keys); without it
+            the returned kl is 0 but still carries the teaching gradient.
+        The msa group ``a-b`` runs ``msa_attention(q[:, a:b+1], k[:, a/g:(b+1)/g], v[...], q_proxy,
+        k_proxy, top_k=T, block=..., scale=scale, cu_seqlens=cu_seqlens)`` with g = Hq / Hkv, so it
+        must cover whole KV groups (a and b + 1 multiples of g); the other groups run the pattern
+        kernels on their heads, and the outputs are joined along the heads in order. With an msa
+        term: no return_lse, no q_pos / k_pos / buckets / block_indices, no torch.compile.
+
     Returns:
         the output ``(B, Hq, N, D)`` in q's dtype and layout (and the LSE). A query that sees no
         key gets a zero row and LSE ``-inf``, and its gradients are zero.
+
+        With an msa term, ``(out, kl)``: kl is ``msa_attention``'s KL, a 0-dim float32 tensor. Add
+        it to the loss: its gradient trains q_proxy and k_proxy only (q, k, v get out's gradients
+        only). Its value is the exact KL only with ``return_kl=True``, else zero.
 
     Example::
 
         out = msa_codegen.attention(q, k, v, "window=4096,dilation=2,sink=64")
         out.sum().backward()
+
+        # heads 0-7 MSA (top 2048 tokens, proxies for those heads), heads 8-15 a window
+        out, kl = msa_codegen.attention(q, k, v, "0-7:msa=2048;8-15:window=4096",
+                                        q_proxy=q_proxy, k_proxy=k_proxy)
+        (task_loss(out) + kl).backward()
     """
     _check_inputs(q, k, v, scale, lengths_may_differ=q_pos is not None)
     b, hq, nq, d = q.shape
@@ -143,8 +179,20 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     classes = cu_seqlens is not None
     run_time = dict(cu_seqlens=cu_seqlens, q_pos=q_pos, k_pos=k_pos, q_bucket=q_bucket, k_bucket=k_bucket,
                     block_indices=block_indices)
+    msa_inputs = q_proxy is not None or k_proxy is not None or proxy_scale is not None or return_kl
     if torch.compiler.is_compiling():
+        if msa_inputs or _has_msa(pattern if isinstance(pattern, str) else str(pattern)):
+            _refuse_msa_compiled()
         return _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time)
+    if parse(pattern).msa_groups:
+        return _msa_route[0](q, k, v, pattern, scale, return_lse, autotune, run_time, q_proxy, k_proxy,
+                             proxy_scale, return_kl)
+    if msa_inputs:
+        given = ", ".join(name for name, x in (("q_proxy", q_proxy), ("k_proxy", k_proxy),
+                                               ("proxy_scale", proxy_scale), ("return_kl", return_kl or None))
+                          if x is not None)
+        raise ValueError(f"{given}: inputs of an msa=T pattern term, but pattern "
+                         f"{str(parse(pattern))!r} has no msa term (e.g. '0-7:msa=2048;8-15:window=4096')")
     plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes)
     dynamic = positional or block_indices is not None or plan.has_topk
     if autotune:
@@ -165,6 +213,23 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
     out, lse = run(q, k, v, plan, scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg, dyn.block_indices)
     return (out, lse) if return_lse else out
+
+
+_MSA_NOT_COMPILED = ("attention with an msa=T pattern term (q_proxy, k_proxy) does not run under torch.compile "
+                     "yet: MSA's autograd Function and its selection are not traceable; call it outside the "
+                     "compiled region (torch.compiler.disable) or run the other heads' pattern compiled")
+
+
+@torch._dynamo.assume_constant_result
+def _has_msa(pattern: str) -> bool:
+    return bool(parse(pattern).msa_groups)
+
+
+@torch._dynamo.disable
+def _refuse_msa_compiled():
+    # run eagerly (a graph break), so that the error reaches the caller: a `raise` in traced code
+    # makes Dynamo run the frame eagerly instead, where the msa route would run uncompiled
+    raise NotImplementedError(_MSA_NOT_COMPILED)
 
 
 @torch._dynamo.assume_constant_result
@@ -201,7 +266,9 @@ def explain(q, k, v, pattern="causal"):
     """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
 
     Returns a ``Resolution``: ``.fwd`` / ``.bwd`` hold ``.config`` and ``.source`` (``"user db
-    PATH (h200, bucket 131072)"``, ``"heuristic default"``, ...); ``str()`` prints it. Inside
+    PATH (h200, bucket 131072)"``, ``"heuristic default"``, ...); ``str()`` prints it. For a
+    pattern with an ``msa`` group, an ``MsaResolution``: MSA's kernels run with the launch
+    parameters of ``msa_codegen.msa.launch`` (not tuned yet), the other heads' pattern as above. Inside
     ``use_config(...)`` the forced configuration is reported. Example::
 
         >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
@@ -212,6 +279,8 @@ def explain(q, k, v, pattern="causal"):
     hq, hkv = q.shape[1], k.shape[1]
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
+    if parse(pattern).msa_groups:
+        return _msa_route[1](pattern, hq, hkv, lambda text: explain(q, k, v, text))
     res = tuning_lookup.lookup(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
     forced = _config.override()
     if forced is not None:

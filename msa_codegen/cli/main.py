@@ -20,10 +20,10 @@ import torch
 
 from ..heuristics import default_config
 from ..kernels import schedule
-from ..kernels.render import render
+from ..kernels.render import MSA_KERNELS, render
 from ..pattern.lowering import lower
 from ..pattern.reference import mask, spec_mask
-from ..pattern.spec import parse
+from ..pattern.spec import msa_split, parse
 from ..tuning import gpu as _gpu
 from ..tuning.database import open_db
 from ..tuning.keys import DTYPES, dtype_name, is_current, torch_dtype, triton_version
@@ -59,6 +59,9 @@ def cmd_demo(args) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before any kernel module is loaded
     print(_versions())
     pattern = parse(args.pattern)   # a bad pattern is the caller's error: main reports it in one line
+    if pattern.msa_groups:
+        return _fail("the demo checks the pattern kernels against their element mask; msa=T has none (its "
+                     "selection comes from proxy heads): see msa_codegen.msa_attention and reference_msa")
     try:
         ok = _demo(pattern, args.seqlen, cuda)
     except Exception as e:   # anything the kernels raise: one line, the versions above, where to report
@@ -119,12 +122,29 @@ def _demo(pat, seqlen: int | None, cuda: bool) -> bool:
 
 def cmd_render(args) -> int:
     pat = parse(args.pattern)
-    print(_launch_header(pat, args), end="")
+    if not pat.msa_groups:
+        print(_launch_header(pat, args), end="")
+    elif len(pat.msa_groups) < len(pat.groups):
+        # attention runs the heads around the msa group as patterns of their own (msa_split): their launch
+        for a, z, text in msa_split(pat, pat.groups[-1].last + 1)[1]:
+            print(f"# heads {a}-{z - 1} run as {text!r}:")
+            print(_launch_header(parse(text), args), end="")
     for group in pat.groups:
         if len(pat.groups) > 1:
             print(f"# ---- heads {group.heads} ----")
-        print(render(lower(group.spec), args.direction), end="")
+        if group.spec.msa:
+            print(_msa_source(group.spec), end="")
+        else:
+            print(render(lower(group.spec), args.direction), end="")
     return 0
+
+
+def _msa_source(spec) -> str:
+    """MSA's kernel module, headed by what specialises it (its source is not rendered per pattern)."""
+    return (f"# {spec}: MSA's kernels, msa_codegen/msa/kernels.py as shipped (selection, forward and backward). "
+            f"They are shared by every msa pattern and specialised by constexprs: the head layout (H, Hp, Hpk, "
+            f"Hkv), the head dims, block={spec.block} and K={spec.msa // spec.block} key blocks per query; "
+            f"launch parameters from msa_codegen.msa.launch (MsaConfig)\n" + MSA_KERNELS.read_text())
 
 
 def _launch_header(pat, args) -> str:
@@ -259,7 +279,14 @@ def cmd_which(args) -> int:
             cap = _gpu.capability_of(name)
             if cap is None:
                 raise ValueError(f"--gpu {args.gpu}: unknown GPU name (known: {', '.join(_gpu.KNOWN_GPUS)}; or auto)")
-    res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
+    if pat.msa_groups:
+        from ..msa.groups import msa_resolution
+
+        hq = heads if heads is not None else (pat.groups[-1].last + 1 if pat.grouped else 1)
+        res = msa_resolution(pat, hq, hq // group, lambda text: lookup_for_gpu(
+            name, cap, text, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db))
+    else:
+        res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
     return 0
 

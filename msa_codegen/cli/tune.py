@@ -173,6 +173,10 @@ def run(args) -> int:
     kv_heads = args.kv_heads if args.kv_heads is not None else heads
     if heads < 1 or kv_heads < 1 or heads % kv_heads:
         raise UsageError(f"--heads must be a positive multiple of --kv-heads, got {heads} and {kv_heads}")
+    if pat.msa_groups:
+        raise UsageError("--pattern: msa=T is not tunable yet: MSA's kernels run with the launch parameters of "
+                         "msa_codegen.msa.launch (MsaConfig defaults, swept on the H200); tune the other head "
+                         "groups as a pattern of their own (msa-codegen which shows what runs)")
     pat.head_groups(heads)                         # the head groups must cover --heads
     if any(g.spec.topk for g in pat.groups):
         raise UsageError("--pattern: topk=K selects blocks from run-time data (block_indices); tune the "

@@ -118,6 +118,10 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
             raise ValueError(f"{name} must be a 4-dim tensor (B, H, n_r, D), got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     pattern = parse(pattern)
+    if pattern.msa_groups:   # raised on every rank alike, before any collective
+        raise ValueError(f"pattern {str(pattern)!r}: msa=T is not available in context_parallel_attention yet "
+                         f"(MSA's per-query selection reads every earlier key block); run msa_attention or "
+                         f"attention on the gathered sequence")
     comm = make_comm(resolve_group(group, mesh_dim))
     # before any check that could fail on one rank only: a rank that raised here would leave the
     # others waiting in the all-gather, while what differs between ranks fails on all of them

@@ -108,7 +108,10 @@ def layer_patterns(config) -> list[str]:
         else:
             raise TypeError(f"msa: config.msa_pattern must be a str or a list of str, got {type(explicit).__name__}")
         for p in set(pats):
-            msa_codegen.parse(p)   # raises PatternError naming the bad term
+            if msa_codegen.parse(p).msa_groups:   # parse raises PatternError naming a bad term
+                raise ValueError(f"msa: config.msa_pattern {p!r} has an msa=T term, which needs proxy heads "
+                                 f"(q_proxy, k_proxy) that this integration does not provide; call "
+                                 f"msa_codegen.attention with them in the model's attention instead")
         return pats
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)

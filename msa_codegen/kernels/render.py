@@ -6,7 +6,8 @@ and library version), carries the SHA-256 of its body in its first line, and is 
 atomically; a file whose digest does not match (corrupt, half written, edited) is rendered
 again. Loaded modules are kept in memory per (plan, direction, interpreter).
 
-``kernel_hash(pattern)`` keys the tuning rows: a hash of the pattern's rendered kernels.
+``kernel_hash(pattern)`` keys the tuning rows: a hash of the pattern's rendered kernels (and of
+MSA's kernel module for an ``msa=T`` head group).
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ from ..version import __version__
 # generated file (template content, not this module's to change)
 TEMPLATE_DIR = Path(__file__).parent.parent / "templates"
 DIRECTIONS = ("fwd", "bwd")
+#: the Triton source of MSA's kernels (msa=T head groups): one module for every msa pattern,
+#: specialised by constexprs; read as text here, since kernels never import the layers above
+MSA_KERNELS = Path(__file__).parent.parent / "msa" / "kernels.py"
 _DIGEST_PREFIX = "# msa-codegen-digest: "
 _lock = threading.Lock()
 _modules: dict[tuple[KernelPlan, str, bool], object] = {}
@@ -74,12 +78,19 @@ def kernel_hash(pattern: str) -> str:
     code, whatever else changes in the templates. Left out: the first line (it names the
     templates' digest and the library version), comments and blank lines (``code_only``), so
     that a comment edit in a template keeps the rows. Any spelling of a pattern gives its
-    canonical form's hash. A change of the code that keeps every instruction (a rename) still
+    canonical form's hash. An ``msa=T`` group adds MSA's kernel module (``MSA_KERNELS``, its code
+    only): those kernels are not rendered. A change of the code that keeps every instruction (a rename) still
     moves the hash: ``tuning.migrations`` then re-keys the stored rows (schema 1 hashed the text
     with comments; schema 2's kernels spelled some names differently).
     """
     h = hashlib.sha256(b"msa-codegen kernels v2")
     for g in parse(pattern).groups:
+        if g.spec.msa:
+            # an msa group runs MSA's kernel module, the same source for every msa pattern
+            h.update(b"msa\0")
+            h.update(code_only(MSA_KERNELS.read_text()).encode())
+            h.update(b"\0")
+            continue
         plan = lower(g.spec)
         for direction in DIRECTIONS:
             h.update(code_only(render(plan, direction).partition("\n")[2]).encode())

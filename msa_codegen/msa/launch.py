@@ -49,6 +49,17 @@ class MsaConfig:
 _config = MsaConfig()
 
 
+def describe() -> str:
+    """What MSA's kernels run with, in words (``msa-codegen which`` and ``explain`` print it)."""
+    forced = {name: value for name, value in vars(_config).items() if value is not None}
+    cfg = ("a use_msa_config override (" + " ".join(f"{k}={v}" for k, v in forced.items()) + ")" if forced else
+           "the MsaConfig defaults, swept on the H200: selection 128 query rows (fewer when K > 32), 8 warps, "
+           "2 stages; forward tiles of 128 (entry, head) rows, 8 warps; backward tiles of 64 rows with 64-key "
+           "programs (32 above head dim 128), 8 warps")
+    return (f"MSA's kernels (msa_codegen/msa/kernels.py) run with the launch parameters of msa_codegen.msa.launch: "
+            f"{cfg}. The tuner does not tune them yet (no tuning database rows)")
+
+
 @contextlib.contextmanager
 def use_msa_config(cfg: MsaConfig):
     """Run the MSA kernels with ``cfg``'s launch parameters inside the block (sweeps, tests)."""

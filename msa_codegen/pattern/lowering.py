@@ -124,6 +124,10 @@ def lower(spec: Spec, *, positional: bool = False, segments: bool = False, class
     window's residue classes are residue classes of rows and the tiles can stay strided, as in
     the plain kernels (global rows see whole documents across classes: not with ``global``).
     """
+    if spec.msa:
+        # an msa group's kernels are msa_codegen/msa/kernels.py, shared by every msa pattern
+        raise ValueError(f"msa={spec.msa} is not lowered to the pattern templates: it runs MSA's own kernels "
+                         f"(msa_codegen.msa)")
     has_window = spec.window is not None
     window = min(spec.window, _WINDOW_CLAMP) if has_window else 0
     global_ = 0 if spec.causal else spec.global_

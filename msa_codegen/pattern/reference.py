@@ -17,6 +17,7 @@ def spec_mask(spec: Spec, seqlen: int, device="cpu", rows: tuple[int, int] | Non
 
     ``rows=(r0, r1)`` builds only the rows of queries r0..r1-1, ``(r1 - r0, seqlen)``.
     """
+    _no_msa(spec)
     r0, r1 = rows if rows is not None else (0, seqlen)
     i = torch.arange(r0, r1, device=device)[:, None]
     j = torch.arange(seqlen, device=device)[None, :]
@@ -38,6 +39,12 @@ def spec_mask(spec: Spec, seqlen: int, device="cpu", rows: tuple[int, int] | Non
     return direction & local
 
 
+def _no_msa(spec: Spec) -> None:
+    if spec.msa:
+        raise ValueError(f"msa={spec.msa} selects keys per query from proxy heads at run time: it has no fixed "
+                         f"mask; its reference is msa_codegen.reference_msa")
+
+
 def topk_block_mask(block_indices: torch.Tensor, nkb: int) -> torch.Tensor:
     """bool ``(B, Hkv, nqb, nkb)`` from ``block_indices`` ``(B, Hkv, nqb, K)`` (-1 = unused slot)."""
     bi = block_indices.to(torch.int64)
@@ -52,6 +59,7 @@ def dynamic_spec_mask(spec: Spec, dyn: Dynamic, h0: int, h1: int, group: int, de
     The element predicate on positions, within segments (documents / buckets); ``random`` and
     ``topk`` blocks are blocks of rows (see dynamic.py).
     """
+    _no_msa(spec)
     nq, nk = dyn.nq, dyn.nk
     heads = torch.arange(h0, h1, device=device)
     qi = torch.arange(nq, device=device)

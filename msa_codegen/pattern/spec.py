@@ -23,17 +23,21 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["PatternError", "Spec", "HeadGroup", "Pattern", "parse", "MAX_VALUE", "KNOWN_TERMS"]
+__all__ = ["PatternError", "Spec", "HeadGroup", "Pattern", "parse", "msa_split", "MAX_VALUE", "KNOWN_TERMS"]
 
 #: Largest value any term (and any head number) may take: values become int32 constexprs.
 MAX_VALUE = 2**31 - 1
 
 #: Every term the grammar knows, in canonical order.
-KNOWN_TERMS = ("causal", "window", "dilation", "sink", "global", "random", "seed", "topk", "block")
+KNOWN_TERMS = ("causal", "window", "dilation", "sink", "global", "random", "seed", "topk", "msa", "block")
 
 _DEFAULT_BLOCK = 128
+#: the key-block sizes MSA's kernels take (msa_codegen.msa.checks.BLOCKS)
+MSA_BLOCKS = (64, 128)
+#: the terms an msa term rules out (it combines only with block and the default causal)
+_NOT_WITH_MSA = ("window", "dilation", "sink", "global", "random", "seed", "topk")
 _DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: no sign, '_', unicode digits, ...
-_POSITIVE_TERMS = ("window", "dilation", "sink", "global", "random", "topk", "block")
+_POSITIVE_TERMS = ("window", "dilation", "sink", "global", "random", "topk", "msa", "block")
 
 
 class PatternError(ValueError):
@@ -76,6 +80,9 @@ class Spec:
     block: int = _DEFAULT_BLOCK
     # top-k block selection: K key blocks per query block, given at call time (block_indices)
     topk: int = 0
+    # MiniMax Sparse Attention: top_k in tokens (a multiple of block), selected per query by proxy
+    # heads given at call time (q_proxy / k_proxy); runs msa_codegen.msa's kernels
+    msa: int = 0
 
     def __post_init__(self) -> None:
         # Direct construction obeys the same rules as the grammar, so a Spec is always
@@ -91,22 +98,37 @@ class Spec:
         _check_int("seed", self.seed, 0)
         _check_int("block", self.block, 1)
         _check_int("topk", self.topk, 0)
+        _check_int("msa", self.msa, 0)
         if self.dilation != 1 and self.window is None:
             raise PatternError(f"Spec.dilation={self.dilation} needs a window (dilation is the stride of the window)")
         if self.global_ and self.causal:
             raise PatternError(f"Spec.global_={self.global_}: global is bidirectional only, needs causal=False")
         if self.seed and not self.random:
             raise PatternError(f"Spec.seed={self.seed} needs random > 0 (seed only seeds the random term)")
-        if self.block != _DEFAULT_BLOCK and not (self.random or self.topk):
+        if self.msa:
+            others = [f"{name}={getattr(self, name)}" for name in ("window", "sink", "global_", "random", "topk")
+                      if getattr(self, name)]
+            if not self.causal:
+                others.insert(0, "causal=False")
+            if others:
+                raise PatternError(f"Spec.msa={self.msa} combines only with block and the default causal "
+                                   f"(got {', '.join(others)})")
+            if self.block not in MSA_BLOCKS:
+                raise PatternError(f"Spec.msa={self.msa} needs block 64 or 128 (got block={self.block})")
+            if self.msa % self.block:
+                raise PatternError(f"Spec.msa={self.msa} counts tokens and must be a multiple of "
+                                   f"block={self.block}")
+        if self.block != _DEFAULT_BLOCK and not (self.random or self.topk or self.msa):
             raise PatternError(
-                f"Spec.block={self.block} needs random > 0 or topk > 0 (block only sizes block-granular terms)"
+                f"Spec.block={self.block} needs random > 0 or topk > 0, or msa > 0 "
+                f"(block only sizes block-granular terms)"
             )
 
     @property
     def dense(self) -> bool:
         """True iff the spec has no locality term (plain causal or bidirectional attention)."""
         return (self.window is None and self.sink == 0 and self.global_ == 0 and self.random == 0
-                and self.topk == 0)
+                and self.topk == 0 and self.msa == 0)
 
     def __str__(self) -> str:
         terms: list[str] = []
@@ -126,7 +148,9 @@ class Spec:
                 terms.append(f"seed={self.seed}")
         if self.topk:
             terms.append(f"topk={self.topk}")
-        if (self.random or self.topk) and self.block != _DEFAULT_BLOCK:
+        if self.msa:
+            terms.append(f"msa={self.msa}")
+        if (self.random or self.topk or self.msa) and self.block != _DEFAULT_BLOCK:
             terms.append(f"block={self.block}")
         return ",".join(terms) if terms else "causal"
 
@@ -190,6 +214,11 @@ class Pattern:
         object.__setattr__(self, "groups", groups)
 
     @property
+    def msa_groups(self) -> tuple[HeadGroup, ...]:
+        """The head groups with an ``msa`` term (MSA's kernels, proxies given at call time)."""
+        return tuple(g for g in self.groups if g.spec.msa)
+
+    @property
     def grouped(self) -> bool:
         """True when the pattern was written with explicit head ranges."""
         return self.groups[0].last is not None
@@ -235,6 +264,35 @@ class Pattern:
 
 def _range_text(a: int, b: int) -> str:
     return str(a) if a == b else f"{a}-{b}"
+
+
+@lru_cache(maxsize=256)
+def msa_split(pattern: str | Pattern, num_heads: int) -> tuple[tuple[int, int, Spec], tuple[tuple[int, int, str], ...]]:
+    """A pattern with one ``msa`` head group, cut for its two kinds of kernels.
+
+    Returns ``((h0, h1, spec), runs)``: the msa group's query heads ``h0 <= h < h1`` and its
+    Spec, and the runs of the other heads before and after it, each ``(a, b, text)`` with the
+    pattern of heads ``a..b-1`` renumbered from head 0 (``"window=32"`` for one group). Raises
+    ValueError when the groups do not cover ``num_heads`` or the pattern has no msa group or more
+    than one (``attention`` takes one set of proxies per call).
+    """
+    pat = parse(pattern)
+    groups = pat.head_groups(num_heads)
+    msa = [(h0, h1, spec) for h0, h1, spec in groups if spec.msa]
+    if len(msa) != 1:
+        names = ", ".join(f"heads {_range_text(h0, h1 - 1)}: {spec}" for h0, h1, spec in msa)
+        raise ValueError(f"pattern {_q(str(pat))} has {len(msa)} msa head groups{f' ({names})' if names else ''}; "
+                         f"exactly one msa group is allowed (one set of proxies, q_proxy / k_proxy, per call)")
+    h0, h1, spec = msa[0]
+
+    def run(a: int, b: int) -> tuple[int, int, str]:
+        inside = [(g0, g1, sp) for g0, g1, sp in groups if a <= g0 and g1 <= b]
+        if len(inside) == 1:
+            return a, b, str(inside[0][2])
+        return a, b, ";".join(f"{g0 - a}-{g1 - 1 - a}:{sp}" for g0, g1, sp in inside)
+
+    runs = tuple(run(a, b) for a, b in ((0, h0), (h1, num_heads)) if b > a)
+    return (h0, h1, spec), runs
 
 
 # ---------------------------------------------------------------------------------------
@@ -298,11 +356,28 @@ def _parse_terms(text: str, context: str) -> Spec:
         if term in seen and requirement not in seen:
             raise PatternError(f"term {_q(seen[term])} in {context}: {why}")
 
+    if "msa" in seen:
+        # checked first: the messages of the other rules (add causal=false, ...) would mislead here
+        msa_term = _q(seen["msa"])
+        for name in _NOT_WITH_MSA:
+            if name in seen:
+                raise PatternError(f"term {_q(seen[name])} in {context}: {name} does not combine with "
+                                   f"{msa_term} (msa combines only with block and the default causal)")
+        if not values.get("causal", True):
+            raise PatternError(f"term {_q(seen['causal'])} in {context}: msa attention is causal "
+                               f"(msa combines only with block and the default causal)")
+        block = values.get("block", _DEFAULT_BLOCK)
+        if block not in MSA_BLOCKS:
+            raise PatternError(f"term {_q(seen['block'])} in {context}: msa needs block 64 or 128 "
+                               f"(got {block})")
+        if values["msa"] % block:  # type: ignore[operator]
+            raise PatternError(f"term {msa_term} in {context}: msa=T counts tokens and must be a multiple "
+                               f"of block={block}")
     need("dilation", "window", "dilation needs a window term (dilation is the stride of the window)")
     need("seed", "random", "seed needs a random term (seed only seeds the random blocks)")
-    if "block" in seen and "random" not in seen and "topk" not in seen:
+    if "block" in seen and "random" not in seen and "topk" not in seen and "msa" not in seen:
         raise PatternError(
-            f"term {_q(seen['block'])} in {context}: block needs a random or topk term "
+            f"term {_q(seen['block'])} in {context}: block needs a random or topk term, or msa "
             f"(block only sizes block-granular terms)"
         )
     if "global" in seen and values.get("causal", True):
@@ -319,6 +394,7 @@ def _parse_terms(text: str, context: str) -> Spec:
         seed=int(values.get("seed", 0)),
         block=int(values.get("block", _DEFAULT_BLOCK)),
         topk=int(values.get("topk", 0)),
+        msa=int(values.get("msa", 0)),
     )
 
 

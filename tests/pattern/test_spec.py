@@ -50,6 +50,13 @@ VALID = [
     ("3-3:causal", "3-3:causal"),
     ("0:causal=false,global=1;1-2:window=4", "0-0:causal=false,global=1;1-2:window=4"),
     ("4-7:window=2;0-1:sink=1", "0-1:sink=1;4-7:window=2"),  # gaps parse; head_groups rejects
+    ("msa=2048", "msa=2048"),
+    ("msa=2048,block=128", "msa=2048"),
+    ("block=64,msa=128", "msa=128,block=64"),
+    ("causal, msa=256", "msa=256"),
+    ("causal=true,msa=64,block=64", "msa=64,block=64"),
+    ("4-7:window=32;0-3:block=64,msa=128", "0-3:msa=128,block=64;4-7:window=32"),
+    ("0-3:msa=128;4-7:msa=256", "0-3:msa=128;4-7:msa=256"),  # parses; attention allows one msa group
 ]
 
 
@@ -171,6 +178,24 @@ INVALID = [
     ("seed-without-random", "window=4,seed=3", "seed=3"),
     ("block-without-random", "window=4,block=64", "block=64"),
     ("block-without-random-msg", "block=64", "block-granular"),
+    ("msa-zero", "msa=0", "msa=0"),
+    ("msa-no-value", "msa", "needs a value"),
+    ("msa-not-multiple", "msa=100", "multiple of block=128"),
+    ("msa-not-multiple-64", "msa=96,block=64", "multiple of block=64"),
+    ("msa-below-block", "msa=64", "'msa=64'"),
+    ("msa-block-32", "msa=128,block=32", "block 64 or 128"),
+    ("msa-block-256", "msa=256,block=256", "'block=256'"),
+    ("msa-bidirectional", "msa=128,causal=false", "'causal=false'"),
+    ("msa-bidirectional-msg", "causal=false,msa=128", "msa attention is causal"),
+    ("msa-window", "msa=128,window=4", "window does not combine with 'msa=128'"),
+    ("msa-dilation", "msa=128,dilation=2", "'dilation=2'"),
+    ("msa-sink", "sink=4,msa=128", "sink does not combine"),
+    ("msa-global", "msa=128,global=4", "global does not combine"),
+    ("msa-global-bidirectional", "causal=false,msa=128,global=4", "global does not combine"),
+    ("msa-random", "msa=128,random=2", "random does not combine"),
+    ("msa-seed", "msa=128,seed=2", "'seed=2'"),
+    ("msa-topk", "msa=128,topk=2", "topk does not combine"),
+    ("msa-in-group", "0-3:msa=128,window=4;4-7:causal", "'0-3:msa=128,window=4'"),
     ("double-equals", "window==4", "window==4"),
     ("overlap", "0-7:window=4;4-11:sink=2", "overlap"),
     ("overlap-names-ranges", "0-7:window=4;7-11:sink=2", "'7-11'"),
@@ -233,6 +258,14 @@ def test_error_message_one_line_for_control_chars() -> None:
         dict(random=1, block=0),
         dict(causal=1),
         dict(window=MAX_VALUE + 1),
+        dict(msa=-1),
+        dict(msa=100),
+        dict(msa=128, block=32),
+        dict(msa=128, causal=False),
+        dict(msa=128, window=4),
+        dict(msa=128, sink=4),
+        dict(msa=128, random=1),
+        dict(msa=128, topk=1),
     ],
     ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()),
 )
@@ -356,6 +389,9 @@ def specs(draw: st.DrawFn) -> Spec:
     random = draw(st.one_of(st.just(0), _any_pos))
     seed = draw(st.integers(0, MAX_VALUE)) if random else 0
     block = draw(st.one_of(st.just(128), _any_pos)) if random else 128
+    if draw(st.integers(0, 5)) == 0:   # msa: only with block and the default causal
+        block = draw(st.sampled_from([64, 128]))
+        return Spec(msa=block * draw(st.integers(1, 64)), block=block)
     return Spec(
         causal=causal,
         window=window,
@@ -423,7 +459,7 @@ def test_canonical_idempotent_with_noise(p: Pattern) -> None:
 
 _tokens = st.sampled_from(
     [
-        "window", "dilation", "sink", "global", "random", "seed", "block", "causal",
+        "window", "dilation", "sink", "global", "random", "seed", "block", "causal", "msa", "topk",
         "causal=false", "causal=true", "=", ",", ";", "-", ":", " ", "0", "1", "7", "42",
         "128", "2147483647", "2147483648", "99999999999", "-1", "x", "true", "false", "\n",
         "\u0664", "_", ".",
@@ -443,3 +479,19 @@ def test_fuzz_only_pattern_error(text: str) -> None:
     assert isinstance(p, Pattern)
     assert parse(str(p)) == p
     assert str(parse(str(p))) == str(p)
+
+
+# ---------------------------------------------------------------------------------------
+# msa=T
+# ---------------------------------------------------------------------------------------
+
+
+def test_msa_spec_fields() -> None:
+    spec = parse("msa=2048").groups[0].spec
+    assert spec == Spec(msa=2048) and spec.block == 128 and spec.causal and not spec.dense
+    assert parse("block=64,msa=128").groups[0].spec == Spec(msa=128, block=64)
+    assert str(Spec(msa=512, block=64)) == "msa=512,block=64"
+    mixed = parse("0-3:msa=128,block=64;4-7:window=32")
+    assert [g.heads for g in mixed.msa_groups] == ["0-3"]
+    assert parse("window=4").msa_groups == ()
+    assert mixed.head_groups(8) == [(0, 4, Spec(msa=128, block=64)), (4, 8, Spec(window=32))]
