@@ -48,14 +48,17 @@ def install_autotuner(fn) -> None:
     _autotuner = fn
 
 
-def _check_inputs(q, k, v, scale, lengths_may_differ=False):
-    """Raise TypeError / ValueError saying what was expected and what was given."""
+def check_qkv(q, k, v, lengths_may_differ=False, float64_ok=False) -> None:
+    """The checks of q, k and v every entry point shares (``attention``, ``msa_attention`` and the
+    references): 4-dim float tensors of one dtype and device, matching B and D, k and v alike,
+    whole GQA groups, head dim 16..256. TypeError / ValueError say what was expected and what was
+    given. ``float64_ok``: the float64 references accept float64."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dims (B, H, N, D), got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in _FLOAT_DTYPES and not (float64_ok and t.dtype == torch.float64):
             raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -76,19 +79,30 @@ def _check_inputs(q, k, v, scale, lengths_may_differ=False):
         raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
     if not 16 <= d <= 256:
         raise ValueError(f"head dim must be between 16 and 256, got {d}")
-    if max(n, nk) > MAX_SEQLEN:
-        raise ValueError(f"sequence length must be at most {MAX_SEQLEN}, got {max(n, nk)}")
-    if q.device.type == "cpu":
+
+
+def check_device(t: torch.Tensor, what: str) -> None:
+    """The kernels run on CUDA, or on the CPU in Triton's interpreter (not in bf16 there)."""
+    if t.device.type == "cpu":
         if not interpreting():
             raise ValueError(
-                "q, k and v are CPU tensors, but the kernels run on CUDA: move them to a GPU, or set "
+                f"{what} are CPU tensors, but the kernels run on CUDA: move them to a GPU, or set "
                 "TRITON_INTERPRET=1 in the environment before msa_codegen loads its kernels to run them "
                 "in Triton's interpreter (slow; for tests)")
-        if q.dtype == torch.bfloat16:
+        if t.dtype == torch.bfloat16:
             raise TypeError("bfloat16 is not supported in Triton's interpreter (its bf16 tl.dot is wrong as "
                             "of Triton 3.9); use float16 or float32 on the CPU, or a GPU")
-    elif q.device.type != "cuda":
-        raise ValueError(f"unsupported device {q.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+    elif t.device.type != "cuda":
+        raise ValueError(f"unsupported device {t.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+
+
+def _check_inputs(q, k, v, scale, lengths_may_differ=False):
+    """Raise TypeError / ValueError saying what was expected and what was given."""
+    check_qkv(q, k, v, lengths_may_differ)
+    n, nk = q.shape[2], k.shape[2]
+    if max(n, nk) > MAX_SEQLEN:
+        raise ValueError(f"sequence length must be at most {MAX_SEQLEN}, got {max(n, nk)}")
+    check_device(q, "q, k and v")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
 

@@ -8,22 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..api import attention   # warm-up runs the dense causal kernels of the static patterns
-from ..kernels.render import interpreting
+from ..api import attention, check_device   # warm-up runs the dense causal kernels of the static patterns
 from . import launch
 from .checks import check_msa_inputs, check_proxies
-
-
-def _check_device(t: torch.Tensor) -> None:
-    if t.device.type == "cpu":
-        if not interpreting():
-            raise ValueError("MSA's kernels run on CUDA: move the tensors to a GPU, or set TRITON_INTERPRET=1 "
-                             "before msa_codegen loads its kernels to run them in Triton's interpreter (slow)")
-        if t.dtype == torch.bfloat16:
-            raise TypeError("bfloat16 is not supported in Triton's interpreter (its bf16 tl.dot is wrong as of "
-                            "Triton 3.9); use float16 or float32 on the CPU, or a GPU")
-    elif t.device.type != "cuda":
-        raise ValueError(f"unsupported device {t.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
 
 
 def msa_select(q_proxy, k_proxy, top_k: int = 2048, block: int = 128, *, proxy_scale: float | None = None,
@@ -45,7 +32,7 @@ def msa_select(q_proxy, k_proxy, top_k: int = 2048, block: int = 128, *, proxy_s
             idx = msa_codegen.msa_select(q_proxy, k_proxy, top_k=2048)
     """
     check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens)
-    _check_device(q_proxy)
+    check_device(q_proxy, "q_proxy and k_proxy")
     dp = q_proxy.shape[-1]
     proxy_scale = float(dp ** -0.5 if proxy_scale is None else proxy_scale)
     dstart = launch.doc_starts(cu_seqlens, q_proxy.shape[2], q_proxy.device)
@@ -140,7 +127,7 @@ def msa_attention(q, k, v, q_proxy, k_proxy, top_k: int = 2048, *, block: int = 
             (task_loss(out) + kl).backward()
     """
     check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens)
-    _check_device(q)
+    check_device(q, "q, k, v and the proxies")
     d, dp = q.shape[-1], q_proxy.shape[-1]
     scale = float(d ** -0.5 if scale is None else scale)
     proxy_scale = float(dp ** -0.5 if proxy_scale is None else proxy_scale)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ..api import check_qkv
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCKS = (64, 128)
 
@@ -60,26 +62,8 @@ def check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=None, b=None, de
 def check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, float64_ok=False) -> None:
     """Checks of ``msa_attention``'s tensors: shapes, head counts, dtypes and devices (float64:
     the reference only)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _tensor(name, t, float64_ok)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    b, h, n, d = q.shape
-    bk, hkv, nk, dk = k.shape
-    if bk != b:
-        raise ValueError(f"batch mismatch: q has B={b}, k and v have B={bk}")
-    if nk != n:
-        raise ValueError(f"sequence length mismatch: q has N={n}, k and v have N={nk}")
-    if dk != d:
-        raise ValueError(f"head dim mismatch: q has D={d}, k and v have D={dk}")
-    if not 16 <= d <= 256:
-        raise ValueError(f"head dim must be between 16 and 256, got D={d}")
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"query heads must be a multiple of key/value heads, got H={h}, Hkv={hkv}")
+    check_qkv(q, k, v, float64_ok=float64_ok)
+    b, h, n, _ = q.shape
     check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=n, b=b, device=q.device, float64_ok=float64_ok)
     hp = q_proxy.shape[1]
     if h % hp:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ..kernels import render
+
 SM90_SHARED_OPTIN = 232448   # bytes of shared memory per block (opt-in) on sm_90 (H100 / H200); on a GPU
 #                              the tuner asks the device (space.device_smem_bytes)
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
@@ -95,8 +97,8 @@ def _signature(kern, constexprs: dict, dtype_name: str, group: int):
 
 
 def _cache_dir() -> Path:
-    home = os.environ.get("MSA_CODEGEN_HOME") or os.path.join(os.path.expanduser("~"), ".msa_codegen")
-    return Path(home) / "smem-cache"
+    # beside the rendered kernels: $MSA_CODEGEN_HOME, default ~/.cache/msa_codegen
+    return render.home() / "smem-cache"
 
 
 def _key(kern, sig, consts, attrs, options, capability) -> str:
