@@ -276,13 +276,15 @@ def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes
     return (out, lse) if return_lse else out
 
 
-def explain(q, k, v, pattern="causal"):
+def explain(q, k, v, pattern="causal", *, proxy_heads: int | None = None):
     """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
 
     Returns a ``Resolution``: ``.fwd`` / ``.bwd`` hold ``.config`` and ``.source`` (``"user db
     PATH (h200, bucket 131072)"``, ``"heuristic default"``, ...); ``str()`` prints it. For a
-    pattern with an ``msa`` group, an ``MsaResolution``: MSA's kernels run with the launch
-    parameters of ``msa_codegen.msa.launch`` (not tuned yet), the other heads' pattern as above. Inside
+    pattern with an ``msa`` group, an ``MsaResolution``: MSA's kernels run with the tuning
+    database's row of the group's ``msa=T`` spec (``.msa``, keyed by the group's query heads per proxy
+    head: ``proxy_heads`` is the group's Hp, default one per key/value head) or the defaults of
+    ``msa_codegen.msa.launch``, the other heads' pattern as above. Inside
     ``use_config(...)`` the forced configuration is reported. Example::
 
         >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
@@ -294,7 +296,9 @@ def explain(q, k, v, pattern="causal"):
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
     if parse(pattern).msa_groups:
-        return _msa_route[1](pattern, hq, hkv, lambda text: explain(q, k, v, text))
+        return _msa_route[1](pattern, hq, hkv, lambda text: explain(q, k, v, text),
+                             lambda text, g: tuning_lookup.lookup(q.device, text, q.shape[-1], q.dtype, g,
+                                                                  q.shape[2]), proxy_heads)
     res = tuning_lookup.lookup(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
     forced = _config.override()
     if forced is not None:

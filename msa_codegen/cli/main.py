@@ -284,7 +284,9 @@ def cmd_which(args) -> int:
 
         hq = heads if heads is not None else (pat.groups[-1].last + 1 if pat.grouped else 1)
         res = msa_resolution(pat, hq, hq // group, lambda text: lookup_for_gpu(
-            name, cap, text, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db))
+            name, cap, text, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db),
+            lambda text, g: lookup_for_gpu(name, cap, text, args.head_dim, dtype_name(args.dtype), g, args.seqlen,
+                                           db=args.db), args.proxy_heads)
     else:
         res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
@@ -426,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), required=True)
     p.add_argument("--heads", type=int, default=None, help="query heads (default: GQA group 1)")
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    p.add_argument("--proxy-heads", type=int, default=None, help="msa patterns: the msa group's proxy heads Hp "
+                   "(rows are keyed by its query heads per proxy head; default: one per key/value head)")
     p.add_argument("--gpu", default="auto", help="a GPU name (h100, h200, ...) or auto: the GPU present, else "
                    "Triton's interpreter (default: auto)")
     p.add_argument("--db", default=None, help="the user database (default: $MSA_CODEGEN_HOME/tuning.db)")

@@ -2,6 +2,7 @@
 
     msa-tune --pattern window=4096,dilation=2
     msa-tune --pattern window=4096,dilation=2 --budget-minutes 5 --jobs 16
+    msa-tune --pattern msa=2048 --seqlen 131072 --heads 32 --kv-heads 8 --proxy-heads 8 --head-dim 128
     msa-tune --gpu auto --pattern "window=4096,sink=64" --seqlen 131072 --heads 32 --kv-heads 8 \\
              --head-dim 128 --dtype bf16 --direction both --trials 60 --db ~/tuning.db
 
@@ -32,6 +33,8 @@ GPU_SEQLENS = (8192, 32768, 131072, 524288)
 CPU_SEQLENS = (4096,)
 GPU_TRIALS = 40
 CPU_TRIALS = 3
+#: msa patterns in the interpreter: the sequence length timed (MSA's kernels are slow there)
+INTERP_MSA_SEQLEN = 256
 PROG = "msa-tune"
 
 
@@ -91,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                          f"in the interpreter)")
     ap.add_argument("--heads", type=int, default=16, help="query heads (default: %(default)s)")
     ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads, no GQA)")
-    ap.add_argument("--head-dim", type=int, default=128, help="head dim (default: %(default)s)")
+    ap.add_argument("--proxy-heads", type=int, default=None, metavar="HP",
+                    help="msa patterns: proxy heads Hp (rows are keyed by H / Hp; default: --kv-heads)")
+    ap.add_argument("--head-dim", type=int, default=128, help="head dim (default: %(default)s; msa patterns: "
+                    "also the proxies' head dim)")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
                     help="default: bf16 on a GPU, fp16 in the interpreter")
     ap.add_argument("--direction", choices=("fwd", "bwd", "both"), default="both", help="default: %(default)s")
@@ -173,11 +179,12 @@ def run(args) -> int:
     kv_heads = args.kv_heads if args.kv_heads is not None else heads
     if heads < 1 or kv_heads < 1 or heads % kv_heads:
         raise UsageError(f"--heads must be a positive multiple of --kv-heads, got {heads} and {kv_heads}")
-    if pat.msa_groups:
-        raise UsageError("--pattern: msa=T is not tunable yet: MSA's kernels run with the launch parameters of "
-                         "msa_codegen.msa.launch (MsaConfig defaults, swept on the H200); tune the other head "
-                         "groups as a pattern of their own (msa-codegen which shows what runs)")
-    pat.head_groups(heads)                         # the head groups must cover --heads
+    if pat.msa_groups and len(pat.groups) > 1:
+        raise UsageError(f"--pattern: tune the msa group on its own (--pattern {pat.msa_groups[0].spec} "
+                         f"--heads/--proxy-heads of that group) and the other head groups as a pattern of their own "
+                         f"(msa-codegen which shows what runs)")
+    if not pat.msa_groups:
+        pat.head_groups(heads)                         # the head groups must cover --heads
     if any(g.spec.topk for g in pat.groups):
         raise UsageError("--pattern: topk=K selects blocks from run-time data (block_indices); tune the "
                          "pattern without topk, whose launch configuration the top-k kernels use")
@@ -199,6 +206,9 @@ def run(args) -> int:
     directions = ("fwd", "bwd") if args.direction == "both" else (args.direction,)
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
+    if pat.msa_groups:
+        return _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype, dtype_flag, directions,
+                        db_path)
 
     from ..tuning import precompile
     from ..tuning.measure import INTERP_MAX_SEQLEN, representative_problem
@@ -258,6 +268,56 @@ def run(args) -> int:
     if not_done:
         print(f"budget of {args.budget_minutes:g} min spent after {(time.monotonic() - started) / 60:.1f} min; "
               f"not done: {'; '.join(not_done)} (run again to continue: finished trials are kept)")
+    if missing:
+        print(f"{PROG}: error: nothing valid measured for {', '.join(missing)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype, dtype_flag, directions,
+             db_path) -> int:
+    """msa-tune of an msa pattern: MsaConfig's fields per direction (``tuning.msa_search``)."""
+    from ..tuning.keys import TuningKey, bucket
+    from ..tuning.msa_search import MsaProblem, tune_msa
+
+    spec = pat.groups[0].spec
+    hp = args.proxy_heads if args.proxy_heads is not None else kv_heads
+    if hp < 1 or heads % hp:
+        raise UsageError(f"--proxy-heads must divide --heads, got {hp} and {heads}")
+    pattern = str(pat)
+    deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes is not None else None
+    if not cuda:
+        print(f"no CUDA GPU: tuning in Triton's interpreter on the CPU, reduced problem (N <= {INTERP_MSA_SEQLEN}, "
+              f"{trials} trials). These timings are NOT meaningful for any GPU; they exercise the whole path. "
+              f"Rows are stored under GPU '{name}'.")
+    print(f"tuning {pattern!r} (MSA's kernels, MsaConfig) on {name} (capability {cap}), {dtype_flag}, head dim "
+          f"{args.head_dim}, heads {heads}/{kv_heads}, proxy heads {hp} ({heads // hp} heads per proxy head), "
+          f"{', '.join(directions)}; database {db_path}", flush=True)
+    results, missing, seen = [], [], set()
+    for n in seqlens:
+        b = bucket(n)
+        if b in seen:
+            continue
+        seen.add(b)
+        timed_n = n if cuda else min(n, INTERP_MSA_SEQLEN)
+        problem = MsaProblem(pattern, spec.msa, spec.block, heads, kv_heads, hp, timed_n, args.head_dim, dtype,
+                             "cuda" if cuda else "cpu", not cuda)
+        for direction in directions:
+            key = TuningKey.current(name, cap, pattern, direction, dtype, args.head_dim, heads // hp, n)
+            print(f"[bucket {b}, {direction}] timing {problem.describe()}", flush=True)
+            res = tune_msa(problem, direction, key, db_path, trials=trials, deadline=deadline)
+            if res is None:
+                missing.append(f"bucket {b} {direction}")
+                continue
+            print(f"bucket {b} {direction}: {res.trials} trials, {res.pruned} pruned, {len(res.failures)} failed, "
+                  f"best {res.median_ms:.4g} ms", flush=True)
+            results.append(res)
+    print()
+    print(table(results))
+    if not cuda:
+        print("\n(Triton interpreter: the times above are NOT meaningful for any GPU.)")
+    print(f"\nstored in {db_path}; `msa-codegen which --pattern {pattern!r} --seqlen N --heads {heads} "
+          f"--proxy-heads {hp} ...` shows what runs")
     if missing:
         print(f"{PROG}: error: nothing valid measured for {', '.join(missing)}", file=sys.stderr)
         return 1

@@ -44,18 +44,19 @@ class _MsaFunction(torch.autograd.Function):
     """Selection, main attention and (optionally) the exact KL; backward: main grads + teaching grads."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_proxy, k_proxy, top_k, block, scale, proxy_scale, dstart, return_kl):
+    def forward(ctx, q, k, v, q_proxy, k_proxy, top_k, block, scale, proxy_scale, dstart, return_kl, cfg):
         heads = launch.Heads(q.shape[1], k.shape[1], q_proxy.shape[1], k_proxy.shape[1])
-        idx = launch.select(q_proxy, k_proxy, top_k, block, proxy_scale, dstart)
-        rev, items = launch.reverse_index(idx, launch.cdiv(q.shape[2], block))
-        n_sel = idx.shape[-1]
-        out, lse, lse_proxy, kl = launch.forward(
-            q, k, v, q_proxy, k_proxy, items, rev, n_sel, heads, block, scale, proxy_scale, dstart,
-            dense=False, with_out=True, with_kl=return_kl)
+        with launch.running(cfg):
+            idx = launch.select(q_proxy, k_proxy, top_k, block, proxy_scale, dstart)
+            rev, items = launch.reverse_index(idx, launch.cdiv(q.shape[2], block))
+            n_sel = idx.shape[-1]
+            out, lse, lse_proxy, kl = launch.forward(
+                q, k, v, q_proxy, k_proxy, items, rev, n_sel, heads, block, scale, proxy_scale, dstart,
+                dense=False, with_out=True, with_kl=return_kl)
         if kl is None:
             kl = torch.zeros((), device=q.device, dtype=torch.float32)
         ctx.save_for_backward(q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, items, rev, dstart)
-        ctx.meta = (n_sel, heads, block, scale, proxy_scale)
+        ctx.meta = (n_sel, heads, block, scale, proxy_scale, cfg)
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(idx)
         return out, kl, idx
@@ -63,10 +64,11 @@ class _MsaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dkl, _didx):
         q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, items, rev, dstart = ctx.saved_tensors
-        n_sel, heads, block, scale, proxy_scale = ctx.meta
-        grads = launch.backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, dkl, items, rev, n_sel, heads,
-                                block, scale, proxy_scale, dstart, dense=False)
-        return (*grads, None, None, None, None, None, None)
+        n_sel, heads, block, scale, proxy_scale, cfg = ctx.meta
+        with launch.running(cfg):
+            grads = launch.backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, dkl, items, rev, n_sel,
+                                    heads, block, scale, proxy_scale, dstart, dense=False)
+        return (*grads, None, None, None, None, None, None, None)
 
 
 class _WarmupTeaching(torch.autograd.Function):
@@ -110,13 +112,19 @@ def msa_attention(q, k, v, q_proxy, k_proxy, top_k: int = 2048, *, block: int = 
         top_k: tokens each query attends to, a multiple of ``block`` (K = top_k // block blocks,
             its own block included).
         block: 64 or 128. scale: default ``D ** -0.5``. proxy_scale: default ``Dp ** -0.5``.
-        warmup: dense causal main attention, and the proxies taught over all causal keys.
+        warmup: dense causal main attention, and the proxies taught over all causal keys (MSA's
+            kernels with their default launch parameters there, or a use_msa_config override).
         cu_seqlens: int32 ``(docs + 1,)`` offsets of packed documents (B = 1); nothing crosses a
             document boundary.
         return_kl: compute the KL's exact value (one more pass over the selected keys: the proxy
             scores and main probabilities again, without P @ V). Without it the returned ``kl``
             is a zero that still carries the teaching gradient.
         return_indices: also return the selection, ``(B, Hp, N, K)`` int32 (as ``msa_select``).
+
+    Launch parameters (``msa.launch.MsaConfig``): a ``use_msa_config`` override, else the tuning
+    database's row of pattern ``msa=top_k,block=B`` for this device, dtype, head dim D, H / Hp heads
+    per proxy head and N's bucket (``msa-tune``; same precedence as ``attention``), else the
+    defaults; resolved once per key, until ``tuning.reload()``.
 
     Returns:
         ``(out, kl)``: out ``(B, H, N, D)`` in q's dtype; kl a 0-dim float32 tensor. Add kl to the
@@ -139,5 +147,9 @@ def msa_attention(q, k, v, q_proxy, k_proxy, top_k: int = 2048, *, block: int = 
         kl = _WarmupTeaching.apply(q_proxy, k_proxy, q.detach(), k.detach(), v.detach(), lse.detach(), block,
                                    scale, proxy_scale, cu_seqlens, dstart, return_kl)
         return out, kl
-    out, kl, idx = _MsaFunction.apply(q, k, v, q_proxy, k_proxy, top_k, block, scale, proxy_scale, dstart, return_kl)
+    # the launch parameters: the tuning database's row for this call key (once per key), else the defaults;
+    # a use_msa_config override wins (launch._pick)
+    cfg, _ = launch.call_config(q.device, top_k, block, d, q.dtype, q.shape[1] // q_proxy.shape[1], q.shape[2])
+    out, kl, idx = _MsaFunction.apply(q, k, v, q_proxy, k_proxy, top_k, block, scale, proxy_scale, dstart, return_kl,
+                                      cfg)
     return (out, kl, idx) if return_indices else (out, kl)

@@ -72,19 +72,25 @@ def _join_heads(outs: list, q: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class MsaResolution:
-    """What a pattern with an msa head group runs: MSA's kernels on that group (with the launch
-    parameters of ``msa_codegen.msa.launch``, not tuned), and per run of other heads the
-    ``Resolution`` of its own pattern (which the tuning database answers as for any pattern)."""
+    """What a pattern with an msa head group runs: MSA's kernels on that group, with the launch
+    parameters the tuning database gives its spec (``msa``: a ``Resolution`` of the pattern
+    ``msa=T[,block=B]``, keyed by H / Hp heads per proxy head; None when not looked up) unless a
+    ``use_msa_config`` override is active, and per run of other heads the ``Resolution`` of its own
+    pattern (which the tuning database answers as for any pattern)."""
 
     pattern: str
     msa_heads: tuple[int, int]         # first, last (inclusive)
     msa_spec: str
-    msa_launch: str                    # msa.launch.describe()
+    msa_launch: str                    # msa.launch.describe(msa)
     others: tuple                      # ((first, last, pattern of those heads, Resolution), ...)
+    msa: object = None                 # tuning.lookup.Resolution of msa_spec, or None
+    overridden: bool = False           # a use_msa_config override was active
 
     @property
     def source(self) -> str:
-        return "msa_codegen.msa.launch defaults (not tuned)"
+        if self.overridden:
+            return launch.OVERRIDE
+        return self.msa.source if self.msa is not None else "msa_codegen.msa.launch defaults"
 
     def __str__(self) -> str:
         a, z = self.msa_heads
@@ -96,12 +102,22 @@ class MsaResolution:
         return "\n".join(lines)
 
 
-def msa_resolution(pattern, hq: int, hkv: int, resolve) -> MsaResolution:
+def msa_resolution(pattern, hq: int, hkv: int, resolve, msa_resolve=None, proxy_heads: int | None = None
+                   ) -> MsaResolution:
     """The ``MsaResolution`` of a pattern with one msa group on ``hq`` query heads; ``resolve(text)``
-    gives the Resolution of the other heads' pattern (``tuning.lookup`` for a device or a GPU)."""
+    gives the Resolution of the other heads' pattern (``tuning.lookup`` for a device or a GPU);
+    ``msa_resolve(spec, g)`` the msa group's, with ``g`` = its query heads per proxy head (``proxy_heads``
+    of the group; default one proxy head per key/value head of the group)."""
     (h0, h1, spec), runs = msa_split(pattern, hq)
-    return MsaResolution(str(parse(pattern)), (h0, h1 - 1), str(spec), launch.describe(),
-                         tuple((a, z - 1, text, resolve(text)) for a, z, text in runs))
+    res = None
+    if msa_resolve is not None:
+        hp = proxy_heads if proxy_heads is not None else max(1, (h1 - h0) // max(1, hq // hkv))
+        if hp < 1 or (h1 - h0) % hp:
+            raise ValueError(f"proxy heads must divide the msa group's {h1 - h0} query heads, got {hp}")
+        res = msa_resolve(str(spec), (h1 - h0) // hp)
+    return MsaResolution(str(parse(pattern)), (h0, h1 - 1), str(spec), launch.describe(res),
+                         tuple((a, z - 1, text, resolve(text)) for a, z, text in runs), res,
+                         launch._override is not None)
 
 
 api.install_msa_route(attention_with_msa, msa_resolution)

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import length_bucket
 from ..kernels.render import interpreter_compat
 from ..kernels.schedule import block_d, cdiv, dot_precision
+from ..pattern.spec import parse
+from ..tuning import lookup as tuning_lookup
 
 #: entries (query, proxy head) per work item: long lists (a block every query picks) are cut so
 #: that no program walks much more than its share
@@ -46,36 +49,92 @@ class MsaConfig:
     bwd_warps: int | None = None
 
 
-_config = MsaConfig()
+#: the use_msa_config override (None: none); it replaces the tuned config of a call entirely
+_override: MsaConfig | None = None
+#: the config of the msa_attention call whose kernels run now (``running``): a tuning database row
+_active = MsaConfig()
+#: the resolved config per call key (``call_config``), emptied by ``tuning.reload()``
+_resolved: dict = {}
+OVERRIDE = "use_msa_config override"
+DEFAULTS = ("the MsaConfig defaults, swept on the H200: selection 128 query rows (fewer when K > 32), 8 warps, "
+            "2 stages; forward tiles of 128 (entry, head) rows, 8 warps; backward tiles of 64 rows with 64-key "
+            "programs (32 above head dim 128), 8 warps")
 
 
-def describe() -> str:
-    """What MSA's kernels run with, in words (``msa-codegen which`` and ``explain`` print it)."""
-    forced = {name: value for name, value in vars(_config).items() if value is not None}
-    cfg = ("a use_msa_config override (" + " ".join(f"{k}={v}" for k, v in forced.items()) + ")" if forced else
-           "the MsaConfig defaults, swept on the H200: selection 128 query rows (fewer when K > 32), 8 warps, "
-           "2 stages; forward tiles of 128 (entry, head) rows, 8 warps; backward tiles of 64 rows with 64-key "
-           "programs (32 above head dim 128), 8 warps")
-    return (f"MSA's kernels (msa_codegen/msa/kernels.py) run with the launch parameters of msa_codegen.msa.launch: "
-            f"{cfg}. The tuner does not tune them yet (no tuning database rows)")
+def _fields(cfg: MsaConfig) -> str:
+    return " ".join(f"{k}={v}" for k, v in vars(cfg).items() if v is not None)
+
+
+def describe(resolution=None) -> str:
+    """What MSA's kernels run with, in words (``msa-codegen which`` and ``explain`` print it);
+    ``resolution``: the tuning lookup's answer for the msa group (``call_config``)."""
+    if _override is not None:
+        cfg = f"a use_msa_config override ({_fields(_override) or 'every field the default'})"
+        return f"MSA's kernels (msa_codegen/msa/kernels.py) run with {cfg}"
+    if resolution is None:
+        return f"MSA's kernels (msa_codegen/msa/kernels.py) run with {DEFAULTS}"
+    lines = [f"MSA's kernels (msa_codegen/msa/kernels.py), tuning lookup (fields not set: {DEFAULTS}):"]
+    lines.extend("  " + line for line in str(resolution).splitlines())
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager
 def use_msa_config(cfg: MsaConfig):
-    """Run the MSA kernels with ``cfg``'s launch parameters inside the block (sweeps, tests)."""
-    global _config
+    """Run the MSA kernels with ``cfg``'s launch parameters inside the block (sweeps, tests). It
+    replaces a tuning database row entirely: fields left None take the heuristic default."""
+    global _override
     if not isinstance(cfg, MsaConfig):
         raise TypeError(f"use_msa_config needs an MsaConfig, got {type(cfg).__name__}")
-    before, _config = _config, cfg
+    before, _override = _override, cfg
     try:
         yield cfg
     finally:
-        _config = before
+        _override = before
+
+
+@contextlib.contextmanager
+def running(cfg: MsaConfig):
+    """Launch the kernels inside the block with ``cfg`` (a call's tuned config; an override wins)."""
+    global _active
+    before, _active = _active, cfg
+    try:
+        yield cfg
+    finally:
+        _active = before
+
+
+def spec_text(top_k: int, block: int) -> str:
+    """The canonical msa pattern of a call: what its tuning rows are keyed by (``msa=2048``)."""
+    return str(parse(f"msa={top_k},block={block}"))
+
+
+def call_config(device, top_k: int, block: int, d: int, dtype, g: int, n: int):
+    """``(MsaConfig, Resolution)`` of a call: the tuning database's row for (device, dtype, head dim
+    D, G = H / Hp heads per proxy head, N's bucket, top_k, block), else the defaults. Resolved once
+    per key (``tuning.lookup``, the core's one question to the database); ``tuning.reload()`` forgets."""
+    key = (str(device), str(dtype), int(d), int(g), length_bucket(n), int(top_k), int(block))
+    hit = _resolved.get(key)
+    if hit is None:
+        res = tuning_lookup.lookup(device, spec_text(top_k, block), d, dtype, g, n)
+        hit = _resolved[key] = (MsaConfig(**res.fwd.config, **res.bwd.config), res)
+    return hit
+
+
+tuning_lookup.on_reload(_resolved.clear)
 
 
 def _pick(name: str, default: int) -> int:
-    value = getattr(_config, name)
+    value = getattr(_override if _override is not None else _active, name)
     return default if value is None else value
+
+
+def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
+    """The heuristic default of every field, as the launchers pick it (the tuner's baseline)."""
+    block_k = max(2, _pow2(n_sel))
+    return MsaConfig(select_block_m=min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
+                                        32 if block_k <= 128 else 16),
+                     select_warps=8, select_stages=2, fwd_rows=FWD_ROWS, fwd_warps=8, bwd_rows=BWD_ROWS,
+                     bwd_block_n=min(block, 64 if max(d, dp) <= 128 else 32), bwd_warps=8)
 
 
 def kernels():

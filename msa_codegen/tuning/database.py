@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from .keys import DIRECTIONS, DTYPE_NAMES, config_from_row, is_current
+from .keys import DIRECTIONS, DTYPE_NAMES, is_current, row_config
 from .migrations import MIGRATIONS, upgrade_row
 from .models import APP, KEY_COLUMNS, SCHEMA_VERSION, VALUE_COLUMNS, Base, SchemaInfo, TuningRow
 
@@ -237,8 +237,8 @@ def validate_row(d: dict, where: str = "row") -> dict:
     if d["dtype"] not in DTYPE_NAMES:
         raise ValueError(f"{where}: dtype must be one of {DTYPE_NAMES}, got {d['dtype']!r}")
     out["dtype"] = d["dtype"]
-    try:   # the config must build a FwdConfig / BwdConfig
-        config_from_row(d["direction"], d["config"])
+    try:   # the config must build a FwdConfig / BwdConfig (msa patterns: MsaConfig fields)
+        row_config(d["pattern"], d["direction"], d["config"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: config {d['config']!r} is not a valid {d['direction']} config: {e}") from None
     out["config"] = dict(d["config"])

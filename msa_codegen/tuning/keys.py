@@ -108,6 +108,44 @@ class TuningKey:
 KEY_FIELDS = tuple(f.name for f in dataclasses.fields(TuningKey))
 
 
+#: The launch parameters an msa pattern's rows store (the fields of ``msa.launch.MsaConfig``, split by
+#: direction; named here so that the lookup needs nothing of ``msa``). The selection runs in the forward.
+MSA_FIELDS = {"fwd": ("select_block_m", "select_warps", "select_stages", "fwd_rows", "fwd_warps"),
+              "bwd": ("bwd_rows", "bwd_block_n", "bwd_warps")}
+
+
+def is_msa_pattern(pattern) -> bool:
+    """Whether a pattern is one msa head group (``msa=T[,block=B]``): its rows hold MsaConfig fields,
+    and their ``gqa_group`` is H / Hp, the query heads per proxy head (what MSA's tiles depend on)."""
+    try:
+        groups = parse(pattern).groups
+    except ValueError:
+        return False
+    return len(groups) == 1 and bool(groups[0].spec.msa)
+
+
+def msa_config_from_row(direction: str, values) -> dict[str, int]:
+    """The MsaConfig fields of one direction from a stored ``config`` dict (TypeError / ValueError if invalid)."""
+    if not isinstance(values, dict):
+        raise TypeError(f"config must be an object, got {type(values).__name__}")
+    fields = MSA_FIELDS[direction]
+    if set(values) != set(fields):
+        raise ValueError(f"expected the fields {sorted(fields)}, got {sorted(values)}")
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if name != "select_stages" and v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    return {name: values[name] for name in fields}
+
+
+def row_config(pattern, direction: str, values):
+    """A stored row's config: MsaConfig fields (a dict) for an msa pattern, else a FwdConfig / BwdConfig."""
+    if is_msa_pattern(pattern):
+        return msa_config_from_row(direction, values)
+    return config_from_row(direction, values)
+
+
 def config_from_row(direction: str, values) -> FwdConfig | BwdConfig:
     """The FwdConfig / BwdConfig of a stored ``config`` dict (TypeError / ValueError if invalid)."""
     if not isinstance(values, dict):

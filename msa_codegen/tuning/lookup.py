@@ -9,6 +9,12 @@ Order, per direction (forward and backward are separate rows):
    database first);
 5. the heuristic default (``config.default_config``).
 
+An msa pattern (one group ``msa=T[,block=B]``, what ``msa_attention`` runs) is looked up the same
+way; its rows hold the fields of ``msa.launch.MsaConfig`` (``keys.MSA_FIELDS``: fwd the selection's
+and the forward's, bwd the backward's), its ``group`` / ``gqa_group`` is H / Hp (query heads per
+proxy head: what MSA's tiles depend on) and its ``.config`` is a dict of those fields; the heuristic
+default is the empty dict (each field's default in ``msa.launch``).
+
 Only rows of the running Triton version and kernel hash (``kernels.render.kernel_hash`` of the
 pattern: its rendered kernel sources without comments) are considered: a row tuned for other
 kernels never runs. A database that cannot be read (damaged, locked, foreign, newer schema) is
@@ -37,7 +43,7 @@ from ..config import BwdConfig, FwdConfig, LaunchConfig
 from ..kernels.render import home, kernel_hash
 from . import gpu as _gpu
 from .keys import bucket as _bucket
-from .keys import canonical_pattern, config_from_row, dtype_name, triton_version
+from .keys import MSA_FIELDS, canonical_pattern, dtype_name, is_msa_pattern, row_config, triton_version
 
 SHIPPED_DB = Path(__file__).resolve().parent.parent / "data" / "tuning.db"
 HEURISTIC = "heuristic default"
@@ -74,13 +80,19 @@ def _shipped(override) -> Path:
 class Choice:
     """The configuration of one direction and where it came from."""
 
-    config: FwdConfig | BwdConfig
+    config: FwdConfig | BwdConfig | dict   # a dict of MsaConfig fields for an msa pattern
     source: str
     row: dict | None = dataclasses.field(default=None, compare=False)   # the stored row, when from a database
 
 
 def _fmt_config(cfg) -> str:
+    if isinstance(cfg, dict):
+        return " ".join(f"{k}={v}" for k, v in cfg.items()) or "the MsaConfig defaults (msa_codegen.msa.launch)"
     return " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items())
+
+
+def _config_dict(cfg) -> dict:
+    return dict(cfg) if isinstance(cfg, dict) else dataclasses.asdict(cfg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,14 +104,21 @@ class Resolution:
     pattern: str
     dtype: str
     head_dim: int
-    gqa_group: int
+    gqa_group: int       # query heads per key/value head; for an msa pattern H / Hp (per proxy head)
     seqlen: int
     bucket: int
     fwd: Choice
     bwd: Choice
 
+    @property
+    def msa(self) -> bool:
+        return is_msa_pattern(self.pattern)
+
     @functools.cached_property
-    def config(self) -> LaunchConfig:
+    def config(self) -> LaunchConfig | dict:
+        """The ``LaunchConfig``; for an msa pattern the dict of MsaConfig fields (both directions)."""
+        if isinstance(self.fwd.config, dict):
+            return {**self.fwd.config, **self.bwd.config}
         return LaunchConfig(self.fwd.config, self.bwd.config)
 
     @functools.cached_property
@@ -109,8 +128,9 @@ class Resolution:
         return f"fwd: {self.fwd.source}; bwd: {self.bwd.source}"
 
     def __str__(self) -> str:
+        group = f"{self.gqa_group} heads per proxy head" if self.msa else f"GQA group {self.gqa_group}"
         lines = [
-            f"pattern {self.pattern!r}, {self.dtype}, head dim {self.head_dim}, GQA group {self.gqa_group}, "
+            f"pattern {self.pattern!r}, {self.dtype}, head dim {self.head_dim}, {group}, "
             f"seqlen {self.seqlen} (bucket {self.bucket}) on {self.gpu} (capability {self.capability})",
             f"  fwd: {_fmt_config(self.fwd.config)}",
             f"       from {self.fwd.source}",
@@ -131,7 +151,7 @@ class Resolution:
                                             "seqlen", "bucket")}
         for name in ("fwd", "bwd"):
             ch = getattr(self, name)
-            out[name] = {"config": dataclasses.asdict(ch.config), "source": ch.source}
+            out[name] = {"config": _config_dict(ch.config), "source": ch.source}
         return out
 
 
@@ -189,7 +209,7 @@ def _choose(direction: str, gpu: str, capability: str, want_bucket: int, dbs: li
             if row["direction"] != direction:
                 continue
             try:
-                cfg = config_from_row(direction, row["config"])
+                cfg = row_config(row["pattern"], direction, row["config"])
             except (TypeError, ValueError):
                 continue   # a hand-edited or damaged row never runs
             usable.append((order, label, path, row, cfg))
@@ -217,13 +237,24 @@ def _choose(direction: str, gpu: str, capability: str, want_bucket: int, dbs: li
     return Choice(default, HEURISTIC)
 
 
+@dataclasses.dataclass(frozen=True)
+class _MsaDefault:
+    """An msa pattern's heuristic default per direction: no field set (``msa.launch`` picks each)."""
+    fwd: dict = dataclasses.field(default_factory=dict)
+    bwd: dict = dataclasses.field(default_factory=dict)
+
+
 @functools.lru_cache(maxsize=4096)
 def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: str, head_dim: int, group: int,
                    seqlen: int, user: Path, shipped: Path, tv: str, kh: str) -> Resolution:
     canon = canonical_pattern(pattern)
     b = _bucket(seqlen)
-    default = heuristics.default_config(torch.device("cuda" if cuda else "cpu"), head_dim, getattr(torch, dtype),
-                                        capability if cuda else None, canon)
+    if is_msa_pattern(canon):
+        # MSA's defaults live in msa.launch (each None field): the empty dict
+        default = _MsaDefault()
+    else:
+        default = heuristics.default_config(torch.device("cuda" if cuda else "cpu"), head_dim,
+                                            getattr(torch, dtype), capability if cuda else None, canon)
     query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
                  triton_version=tv, kernel_hash=kh)
     dbs = []
@@ -252,6 +283,9 @@ def lookup_for_gpu(gpu: str, capability: str, pattern, head_dim: int, dtype, gro
 
 def lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int) -> Resolution:
     """What a call on ``device`` runs: the one question the core asks of the tuning database.
+
+    ``group``: query heads per key/value head; for an msa pattern (``msa_attention``), query heads
+    per proxy head, H / Hp.
 
     Returns a ``Resolution``: ``.fwd`` / ``.bwd`` (``Choice``: ``.config`` and ``.source``),
     ``.config`` (the ``LaunchConfig``) and ``.source``. Kept until ``reload()``."""

@@ -154,7 +154,8 @@ def test_kernel_hash_and_lookup_of_msa_patterns():
 def test_explain_msa(device):
     q, k, v, _, _ = _small(device, h=8, hkv=4)
     text = str(msa.explain(q, k, v, "0-3:msa=128,block=64;4-7:window=32"))
-    assert "msa_codegen.msa.launch" in text and "does not tune" in text and "heads 4-7" in text
+    assert "msa_codegen/msa/kernels.py" in text and "heuristic default" in text and "heads 4-7" in text
+    assert "2 heads per proxy head" in text
 
 
 def test_render_prints_msa_kernels(capsys):
@@ -169,10 +170,10 @@ def test_which_msa(capsys):
     assert cli.main(["which", "--pattern", "msa=2048", "--seqlen", "4096", "--head-dim", "128",
                      "--dtype", "bf16", "--gpu", "h200"]) == 0
     text = capsys.readouterr().out
-    assert "MsaConfig" in text and "does not tune" in text
+    assert "MsaConfig" in text and "heads per proxy head" in text and "heuristic default" in text
 
 
 def test_msa_tune_refuses(capsys):
     assert tune_cli.main(["--pattern", "0-3:msa=2048;4-7:window=32", "--heads", "8"]) == 2
     err = capsys.readouterr().err
-    assert "msa" in err and "not tunable" in err
+    assert "msa" in err and "on its own" in err

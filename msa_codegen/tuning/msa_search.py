@@ -1,0 +1,245 @@
+"""``msa-tune --pattern msa=T``: Optuna over MSA's launch parameters (``msa.launch.MsaConfig``).
+
+Per direction one study (``TuningKey.study_name``, in the database file, as ``search``): "fwd"
+tunes the selection's and the forward's fields (timed: ``msa_attention``'s forward, selection
+included), "bwd" the backward's (timed: the backward of a retained forward graph). The heuristic
+default (``msa.launch.default_config``) is measured first, as the baseline and the reference: each
+candidate's outputs (fwd: out and the KL; bwd: the five gradients) must match the default's
+(relative error below ``TOLERANCE``) before it is timed. What cannot fit is pruned before it
+compiles (``why_excluded``). The winner is stored as an ordinary row: pattern ``msa=T[,block=B]``,
+``gqa_group`` = H / Hp (query heads per proxy head), config = that direction's MsaConfig fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+
+import torch
+
+from ..msa import launch
+from ..msa.api import msa_attention
+from .keys import MSA_FIELDS, TuningKey, library_version
+from .lookup import reload
+from .measure import median_iqr
+
+#: the knobs and their choices (the same on every device, so that processes sharing a study agree)
+KNOBS = {
+    "fwd": {"select_block_m": (32, 64, 128), "select_warps": (4, 8), "select_stages": (1, 2, 3),
+            "fwd_rows": (64, 128), "fwd_warps": (4, 8)},
+    "bwd": {"bwd_rows": (64, 128), "bwd_block_n": (32, 64), "bwd_warps": (4, 8)},
+}
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class MsaProblem:
+    """The problem timed: B=1, H query, Hkv key/value, Hp (= Hpk) proxy heads, N, D = Dp."""
+
+    pattern: str          # canonical msa spec, e.g. "msa=2048"
+    top_k: int
+    block: int
+    heads: int
+    kv_heads: int
+    proxy_heads: int
+    seqlen: int
+    head_dim: int
+    dtype: torch.dtype
+    device: str
+    interpreter: bool
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.proxy_heads
+
+    def describe(self) -> str:
+        return (f"msa_attention B=1 H={self.heads} Hkv={self.kv_heads} Hp={self.proxy_heads} N={self.seqlen} "
+                f"D=Dp={self.head_dim} {str(self.dtype).replace('torch.', '')} top_k={self.top_k} "
+                f"block={self.block}")
+
+
+def why_excluded(direction: str, params: dict, problem: MsaProblem) -> str | None:
+    """Why a candidate cannot run (pruned before it compiles), or None."""
+    if direction == "fwd":
+        if problem.block % params["select_block_m"]:
+            return f"select_block_m={params['select_block_m']} does not divide block={problem.block}"
+        n_sel = max(2, launch._pow2(problem.top_k // problem.block))
+        cap = launch.default_config(problem.block, problem.top_k // problem.block, problem.head_dim,
+                                    problem.head_dim).select_block_m
+        if n_sel > 32 and params["select_block_m"] > cap:
+            return f"select_block_m={params['select_block_m']}: the running top-{n_sel} outgrows the registers"
+        return None
+    if params["bwd_block_n"] > problem.block:
+        return f"bwd_block_n={params['bwd_block_n']} exceeds block={problem.block}"
+    if not problem.interpreter and problem.head_dim >= 128 and params["bwd_rows"] == 128 \
+            and params["bwd_block_n"] == 64:
+        return ("shared memory: bwd_rows=128 with bwd_block_n=64 at head dim >= 128 asked 239-272 KB on the H200 "
+                "(227 KiB available)")
+    return None
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+class MsaBench:
+    """Inputs of one problem; ``check`` against the default's outputs and ``time`` of a candidate."""
+
+    def __init__(self, p: MsaProblem, direction: str, rep_ms: int = 100):
+        self.p, self.direction, self.rep_ms = p, direction, rep_ms
+        gen = torch.Generator(device="cpu").manual_seed(4321)
+        dev = torch.device(p.device)
+
+        def rnd(h):
+            return torch.randn(1, h, p.seqlen, p.head_dim, generator=gen).to(dev, p.dtype).requires_grad_()
+
+        self.inputs = (rnd(p.heads), rnd(p.kv_heads), rnd(p.kv_heads), rnd(p.proxy_heads), rnd(p.proxy_heads))
+        self.do = torch.randn(1, p.heads, p.seqlen, p.head_dim, generator=gen).to(dev, p.dtype)
+        self.default = launch.default_config(p.block, p.top_k // p.block, p.head_dim, p.head_dim)
+        self.ref = self._outputs(self.default)
+
+    def config(self, params: dict) -> launch.MsaConfig:
+        return dataclasses.replace(self.default, **params)
+
+    def _outputs(self, cfg) -> list[torch.Tensor]:
+        with launch.use_msa_config(cfg):
+            if self.direction == "fwd":
+                with torch.no_grad():
+                    out, kl = msa_attention(*self.inputs, self.p.top_k, block=self.p.block, return_kl=True)
+                return [out, kl]
+            out, kl = msa_attention(*self.inputs, self.p.top_k, block=self.p.block)
+            return list(torch.autograd.grad((out, kl), self.inputs, (self.do, torch.ones_like(kl))))
+
+    def check(self, cfg) -> float:
+        """Largest relative error against the default's outputs; ValueError above the tolerance."""
+        errs = [_rel(a, b) for a, b in zip(self._outputs(cfg), self.ref)]
+        worst = max(errs)
+        if not worst <= TOLERANCE[self.p.dtype]:
+            raise ValueError(f"wrong result: relative error {worst:.3g} against the default "
+                             f"(tolerance {TOLERANCE[self.p.dtype]:g})")
+        return worst
+
+    def runner(self, cfg):
+        args, top_k, block = self.inputs, self.p.top_k, self.p.block
+        if self.direction == "fwd":
+            def run():
+                with launch.use_msa_config(cfg), torch.no_grad():
+                    msa_attention(*args, top_k, block=block)
+            return run
+        with launch.use_msa_config(cfg):   # the backward runs the config saved by this call
+            out, kl = msa_attention(*args, top_k, block=block)
+        grads = (self.do, torch.ones_like(kl))
+
+        def run_bwd():
+            torch.autograd.grad((out, kl), args, grads, retain_graph=True)
+        return run_bwd
+
+    def time(self, cfg) -> tuple[float, float]:
+        """(median ms, interquartile range ms)."""
+        fn = self.runner(cfg)
+        if self.p.interpreter:
+            samples = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - t0) * 1e3)
+            return median_iqr(samples)
+        import triton.testing
+
+        fn()
+        torch.cuda.synchronize()
+        q25, q50, q75 = triton.testing.do_bench(fn, warmup=max(5, self.rep_ms // 4), rep=self.rep_ms,
+                                                quantiles=[0.25, 0.5, 0.75], return_mode="median")
+        return float(q50), float(q75 - q25)
+
+
+@dataclasses.dataclass
+class MsaTuneResult:
+    key: TuningKey
+    config: dict
+    median_ms: float
+    spread_ms: float
+    default_ms: float | None
+    tflops: float | None
+    trials: int
+    pruned: int
+    failures: list
+    stored: bool
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_ms / self.median_ms if self.default_ms else None
+
+
+def tune_msa(problem: MsaProblem, direction: str, key: TuningKey, db_path, *, trials: int, seed: int = 0,
+             deadline: float | None = None, rep_ms: int = 100) -> MsaTuneResult | None:
+    """Tune one direction's MsaConfig fields for one key; store the winner in ``db_path``. None when
+    nothing valid was measured."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from .database import TuningDB
+    from .search import _params_key, _settle, open_study
+
+    TuningDB(db_path).close()   # our schema first
+    knobs = KNOBS[direction]
+    fields = MSA_FIELDS[direction]
+    bench = MsaBench(problem, direction, rep_ms=rep_ms)
+    default_params = {f: getattr(bench.default, f) for f in fields}
+    default_ms, _ = bench.time(bench.default)
+    measured = {_params_key(default_params): (default_ms, 0.0, default_params)}
+    study = open_study(key, db_path, seed)
+    failures, pruned, counted, attempts = [], 0, 0, 0
+    while counted < trials and attempts < 20 * trials + 50:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        attempts += 1
+        trial = study.ask()
+        try:
+            params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in knobs.items()}
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        pk = _params_key(params)
+        reason = why_excluded(direction, params, problem)
+        if reason is None and pk in measured:
+            reason = "already measured"
+        if reason is not None:
+            _settle(study, trial, excluded=reason)
+            pruned += 1
+            if all(why_excluded(direction, dict(zip(knobs, c)), problem) is not None
+                   or _params_key(dict(zip(knobs, c))) in measured for c in _product(knobs)):
+                break   # the whole space is measured or excluded
+            continue
+        counted += 1
+        cfg = bench.config(params)
+        try:
+            err = bench.check(cfg)
+            med, spread = bench.time(cfg)
+        except Exception as e:   # compile errors, out of resources, wrong results
+            reason = f"{type(e).__name__}: {' '.join(str(e).split())}"[:500]
+            _settle(study, trial, failure=reason)
+            failures.append(reason)
+            pruned += 1
+            continue
+        _settle(study, trial, med, check_error=err, spread_ms=spread, meaningful=not problem.interpreter)
+        measured[pk] = (med, spread, params)
+    win = min(measured.values(), key=lambda m: m[0])
+    med, spread, config = win
+    n_trials = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    what = problem.describe() + ("; TRITON_INTERPRET=1: timings NOT meaningful" if problem.interpreter else "")
+    row = dict(key.as_dict(), config={f: int(config[f]) for f in fields}, median_ms=med, spread_ms=spread,
+               tflops=None, default_ms=default_ms, trials=max(1, n_trials), batch=1, heads=problem.heads,
+               kv_heads=problem.kv_heads, seqlen=problem.seqlen, library_version=library_version(),
+               created_at=datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None, microsecond=0),
+               provenance=f"msa-tune (msa_search): {what}")
+    with TuningDB(db_path) as db:
+        stored = db.put(row, keep_faster=True)
+    reload()   # this process's next msa_attention calls see the row
+    return MsaTuneResult(key, row["config"], med, spread, default_ms, None, n_trials, pruned, failures, stored)
+
+
+def _product(knobs: dict):
+    import itertools
+
+    return itertools.product(*knobs.values())

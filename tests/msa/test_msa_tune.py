@@ -1,0 +1,88 @@
+"""msa-tune on an msa pattern: rows of MsaConfig fields, and msa_attention running them."""
+import dataclasses
+
+import pytest
+import torch
+
+import msa_codegen as msa
+from msa_codegen.cli import main as cli
+from msa_codegen.cli import tune as tune_cli
+from msa_codegen.msa import launch
+from msa_codegen.tuning import lookup as tuning_lookup
+from msa_codegen.tuning.database import TuningDB
+from msa_codegen.tuning.keys import MSA_FIELDS
+
+PATTERN = "msa=128,block=64"
+
+
+def test_msa_fields_are_msaconfig():
+    assert set(MSA_FIELDS["fwd"]) | set(MSA_FIELDS["bwd"]) == {f.name for f in dataclasses.fields(launch.MsaConfig)}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    db = tmp_path_factory.mktemp("msatune") / "tuning.db"
+    code = tune_cli.main(["--pattern", PATTERN, "--seqlen", "128", "--heads", "2", "--kv-heads", "1",
+                          "--proxy-heads", "1", "--head-dim", "16", "--trials", "2", "--db", str(db)])
+    assert code == 0
+    tuning_lookup.reload()
+    return db
+
+
+def _inputs(n=128):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, n, 16, generator=g)
+    k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(2))
+    qp, kp = (torch.randn(1, 1, n, 16, generator=g) for _ in range(2))
+    return tuple(t.half() for t in (q, k, v, qp, kp))   # the rows are float16 (the interpreter's dtype)
+
+
+def test_tune_writes_rows_and_attention_uses_them(tuned, monkeypatch):
+    with TuningDB(tuned) as db:
+        rows = db.rows()
+    assert {r["direction"] for r in rows} == {"fwd", "bwd"}
+    assert all(r["pattern"] == PATTERN and r["gqa_group"] == 2 and r["head_dim"] == 16 for r in rows)
+    fwd = next(r for r in rows if r["direction"] == "fwd")
+    assert set(fwd["config"]) == set(MSA_FIELDS["fwd"])
+    monkeypatch.setenv("MSA_CODEGEN_HOME", str(tuned.parent))   # the user db is $MSA_CODEGEN_HOME/tuning.db
+    tuning_lookup.reload()
+    seen = []
+    orig = launch.select_meta
+
+    def spy(*a, **kw):
+        meta = orig(*a, **kw)
+        seen.append((meta["BLOCK_M"], meta["num_warps"], meta["num_stages"]))
+        return meta
+
+    monkeypatch.setattr(launch, "select_meta", spy)
+    q, k, v, qp, kp = _inputs()
+    msa.msa_attention(q, k, v, qp, kp, 128, block=64)
+    want = (fwd["config"]["select_block_m"], fwd["config"]["select_warps"], fwd["config"]["select_stages"])
+    assert seen[-1] == want
+    cfg, res = launch.call_config(q.device, 128, 64, 16, q.dtype, 2, 128)
+    assert "user db" in res.fwd.source and "user db" in res.bwd.source
+    text = str(msa.explain(q, k, v, PATTERN, proxy_heads=1))
+    assert "user db" in text
+    # use_msa_config overrides the row
+    with launch.use_msa_config(launch.MsaConfig(select_block_m=16, select_warps=2, select_stages=1)):
+        msa.msa_attention(q, k, v, qp, kp, 128, block=64)
+        assert "use_msa_config override" in str(msa.explain(q, k, v, PATTERN, proxy_heads=1))
+    assert seen[-1] == (16, 2, 1)
+    # another kernel hash: ignored
+    with TuningDB(tuned) as db:
+        db.clear()
+        for r in rows:
+            db.put(dict(r, kernel_hash="0" * 16))
+    assert launch.call_config(q.device, 128, 64, 16, q.dtype, 2, 128)[1].fwd.source != tuning_lookup.HEURISTIC
+    tuning_lookup.reload()   # clears the cache of resolved calls
+    cfg, res = launch.call_config(q.device, 128, 64, 16, q.dtype, 2, 128)
+    assert res.source == tuning_lookup.HEURISTIC and cfg == launch.MsaConfig()
+    msa.msa_attention(q, k, v, qp, kp, 128, block=64)
+    assert seen[-1] == (64, 8, 2)
+
+
+def test_which_msa_reports_rows(tuned, capsys):
+    assert cli.main(["which", "--pattern", PATTERN, "--seqlen", "128", "--head-dim", "16", "--dtype", "fp16",
+                     "--heads", "2", "--kv-heads", "1", "--proxy-heads", "1", "--db", str(tuned)]) == 0
+    out = capsys.readouterr().out
+    assert "2 heads per proxy head" in out
