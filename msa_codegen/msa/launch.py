@@ -129,7 +129,15 @@ def _pick(name: str, default: int) -> int:
 
 
 def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
-    """The heuristic default of every field, as the launchers pick it (the tuner's baseline)."""
+    """The heuristic default of every field: what the launchers pick when nothing is set (and the
+    tuner's baseline).
+
+    H200, N=131072, G=4, K=16 (2026-12-02 sweep): selection 128 rows, 8 warps, 2 stages 20.1 ms,
+    against 27.3 ms with 64 rows, 4 warps, 3 stages; the running top-K lives in registers, so fewer
+    rows per tile as K grows. Forward tiles (FWD_ROWS), backward tiles and 64-key programs
+    (BWD_ROWS); above head dim 128, 32 keys keep dK, dV and the proxy's dK within registers and
+    shared memory.
+    """
     block_k = max(2, _pow2(n_sel))
     return MsaConfig(select_block_m=min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
                                         32 if block_k <= 128 else 16),
@@ -203,16 +211,14 @@ def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart)
 
 def select_meta(hp: int, hpk: int, dp: int, block: int, n_sel: int, has_docs: bool, dtype) -> dict:
     """The selection kernel's constexprs and launch options."""
-    block_k = max(2, _pow2(n_sel))
-    # H200, N=131072, K=16 (2026-12-02 sweep): 128 rows, 8 warps, 2 stages 20.1 ms; 64 rows, 4 warps,
-    # 3 stages 27.3 ms. The running top-K lives in registers: fewer rows per tile as K grows
-    block_m = _pick("select_block_m", min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
-                                          32 if block_k <= 128 else 16))
+    default = default_config(block, n_sel, dp, dp)
+    block_m = _pick("select_block_m", default.select_block_m)
     if block % block_m:
         raise ValueError(f"select_block_m={block_m} must divide block={block}")
     return dict(HP=hp, HP_PER_K=hp // hpk, DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_M=block_m, K=n_sel,
-                BLOCK_K=block_k, HAS_DOCS=has_docs, DOT_PREC=dot_precision(dtype),
-                num_warps=_pick("select_warps", 8), num_stages=_pick("select_stages", 2))
+                BLOCK_K=max(2, _pow2(n_sel)), HAS_DOCS=has_docs, DOT_PREC=dot_precision(dtype),
+                num_warps=_pick("select_warps", default.select_warps),
+                num_stages=_pick("select_stages", default.select_stages))
 
 
 def _items(counts: torch.Tensor, base: torch.Tensor, bound: int) -> torch.Tensor:
@@ -328,14 +334,16 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
 
 def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The forward kernel's constexprs (but PASS / WITH_OUT / WITH_KL) and launch options."""
-    bq, gp = _tile_entries(heads.g, _pick("fwd_rows", FWD_ROWS))
+    default = default_config(block, n_sel, d, dp)
+    bq, gp = _tile_entries(heads.g, _pick("fwd_rows", default.fwd_rows))
     # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
     # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
     block_n = block if max(d, dp) <= 128 else 32
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                 SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
                 BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
-                DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", 8), num_stages=_stages(d, dp, bq * gp))
+                DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", default.fwd_warps),
+                num_stages=_stages(d, dp, bq * gp))
 
 
 def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
@@ -348,14 +356,13 @@ def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
 
 def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options."""
-    bq, gp = _tile_entries(heads.g, _pick("bwd_rows", BWD_ROWS))
-    # 64 keys per program up to head dim 128 (see BWD_ROWS); above, 32 keep dK, dV and the proxy's
-    # dK within registers and shared memory
-    block_n = min(block, _pick("bwd_block_n", 64 if max(d, dp) <= 128 else 32))
+    default = default_config(block, n_sel, d, dp)
+    bq, gp = _tile_entries(heads.g, _pick("bwd_rows", default.bwd_rows))
+    block_n = min(block, _pick("bwd_block_n", default.bwd_block_n))
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                 KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n,
                 BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
-                num_warps=_pick("bwd_warps", 8), num_stages=_stages(d, dp, bq * gp))
+                num_warps=_pick("bwd_warps", default.bwd_warps), num_stages=_stages(d, dp, bq * gp))
 
 
 def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items, rev, n_sel: int, heads: Heads,
