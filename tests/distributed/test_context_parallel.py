@@ -45,6 +45,7 @@ CASES = {
         _case("topk_aligned", "topk=2,block=16", [64, 64], topk=(2, 16)),
         _case("random_replicated", "window=8,random=1,block=16,seed=3", [48, 48]),
         _case("device_mesh_1d", "window=20", [48, 48], mesh=[2]),
+        _case("under_torch_compile", "window=24,sink=3", [32, 32], local=True, compile=True),
         _case("mismatched_heads", "window=8", [32, 32], Hq_by_rank={"1": 1}, error=True),
     ],
     3: [
