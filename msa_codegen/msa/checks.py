@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 
 from ..api import check_qkv
+from ..pattern.spec import MSA_BLOCKS
+from ..sparsity.inputs import check_doc_offsets
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BLOCKS = (64, 128)
+BLOCKS = MSA_BLOCKS   # the key-block sizes of MSA's kernels (the pattern term checks the same)
 
 
 def _tensor(name: str, t, float64_ok=False) -> torch.Tensor:
@@ -53,10 +55,7 @@ def check_proxies(q_proxy, k_proxy, top_k, block, cu_seqlens, n=None, b=None, de
             raise ValueError(f"cu_seqlens packs documents along N and needs B=1, got B={bq}")
         if cu_seqlens.device != q_proxy.device:
             raise ValueError(f"cu_seqlens must be on {q_proxy.device}, got {cu_seqlens.device}")
-        cu = cu_seqlens.tolist()
-        if len(cu) < 2 or cu[0] != 0 or cu[-1] != nq or any(a > c for a, c in zip(cu, cu[1:])):
-            raise ValueError(f"cu_seqlens must rise from 0 to N={nq} (non-decreasing), got {cu[:8]}"
-                             + ("..." if len(cu) > 8 else ""))
+        check_doc_offsets(cu_seqlens, nq)
 
 
 def check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens, float64_ok=False) -> None:

@@ -32,7 +32,7 @@ MAX_VALUE = 2**31 - 1
 KNOWN_TERMS = ("causal", "window", "dilation", "sink", "global", "random", "seed", "topk", "msa", "block")
 
 _DEFAULT_BLOCK = 128
-#: the key-block sizes MSA's kernels take (msa_codegen.msa.checks.BLOCKS)
+#: the key-block sizes MSA's kernels take (msa_attention checks the same tuple)
 MSA_BLOCKS = (64, 128)
 #: the terms an msa term rules out (it combines only with block and the default causal)
 _NOT_WITH_MSA = ("window", "dilation", "sink", "global", "random", "seed", "topk")

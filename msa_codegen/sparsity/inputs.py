@@ -159,6 +159,29 @@ def _row_pair(what: str, q_rows, k_rows, limit: int, b, hq, hkv, nq, nk, device)
     return tuple(out)
 
 
+def check_doc_offsets(cu: torch.Tensor, n: int) -> torch.Tensor:
+    """``cu_seqlens`` as int64 after checking its shape and values: 0, non-decreasing, up to N.
+
+    The value checks synchronise with the device; they run once per tensor version (``CHECKED``).
+    Shared by ``attention`` (``normalize``) and ``msa_attention``.
+    """
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must have shape (num_docs + 1,) with at least 2 entries, got {tuple(cu.shape)}")
+    cu64 = cu.to(torch.int64)
+
+    def check_offsets():
+        if int(cu64[0]) != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {int(cu64[0])}")
+        if int(cu64.max()) > n:
+            raise ValueError(f"cu_seqlens has offsets past N={n} (max {int(cu64.max())})")
+        if int(cu64[-1]) != n:
+            raise ValueError(f"cu_seqlens must end at N={n}, got {int(cu64[-1])}")
+        if bool((cu64[1:] < cu64[:-1]).any()):
+            raise ValueError("cu_seqlens must be non-decreasing (sorted document offsets)")
+    CHECKED.run(("cu_seqlens", n), (cu,), check_offsets)
+    return cu64
+
+
 def normalize(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, *, cu_seqlens=None,
             q_pos=None, k_pos=None, q_bucket=None, k_bucket=None, block_indices=None) -> Dynamic:
     """Validate the run-time inputs against the shapes and the pattern's head groups.
@@ -185,20 +208,7 @@ def normalize(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, 
             raise ValueError(f"cu_seqlens packs documents along N and needs batch size 1, got B={b}")
         if nq != nk:
             raise ValueError(f"cu_seqlens needs q and k of one length, got Nq={nq}, Nk={nk}")
-        if cu.dim() != 1 or cu.shape[0] < 2:
-            raise ValueError(f"cu_seqlens must have shape (num_docs + 1,) with at least 2 entries, got {tuple(cu.shape)}")
-        cu64 = cu.to(torch.int64)
-
-        def check_offsets():
-            if int(cu64[0]) != 0:
-                raise ValueError(f"cu_seqlens must start at 0, got {int(cu64[0])}")
-            if int(cu64.max()) > nq:
-                raise ValueError(f"cu_seqlens has offsets past N={nq} (max {int(cu64.max())})")
-            if int(cu64[-1]) != nq:
-                raise ValueError(f"cu_seqlens must end at N={nq}, got {int(cu64[-1])}")
-            if bool((cu64[1:] < cu64[:-1]).any()):
-                raise ValueError("cu_seqlens must be non-decreasing (sorted document offsets)")
-        CHECKED.run(("cu_seqlens", nq), (cu,), check_offsets)
+        cu64 = check_doc_offsets(cu, nq)
         rows = torch.arange(nq, device=cu.device, dtype=torch.int64)
         doc = torch.searchsorted(cu64[1:], rows, right=True)   # document of each row
         pos = rows - cu64[doc]
