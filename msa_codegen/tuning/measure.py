@@ -198,23 +198,28 @@ class Bench:
 
     def time(self, cfg: LaunchConfig, rep_ms: int | None = None) -> tuple[float, float, list[float]]:
         """(median ms, interquartile range ms, samples) of one candidate."""
-        fn = self.runner(cfg)
-        if self.p.interpreter:
-            # nothing is compiled in the interpreter: no warm-up
-            samples = []
-            for _ in range(max(1, self.reps if rep_ms is None else 1)):
-                t0 = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - t0) * 1e3)
-            return statistics.median(samples), _iqr(samples), samples
-        import triton.testing
+        return time_runner(self.runner(cfg), self.p.interpreter, self.reps if rep_ms is None else 1,
+                           self.rep_ms if rep_ms is None else rep_ms)
 
-        fn()   # compile / warm up outside the measurement
-        self._sync()
-        rep = self.rep_ms if rep_ms is None else rep_ms
-        q25, q50, q75 = triton.testing.do_bench(fn, warmup=max(5, rep // 4), rep=rep, quantiles=[0.25, 0.5, 0.75],
-                                                return_mode="median")
-        return float(q50), float(q75 - q25), [float(q50)]
+
+def time_runner(fn, interpreter: bool, reps: int, rep_ms: int) -> tuple[float, float, list[float]]:
+    """(median ms, interquartile range ms, samples) of ``fn()``: in the interpreter ``reps`` wall-clock
+    runs (nothing is compiled there: no warm-up), on a GPU one warm-up call (compile) and then
+    ``triton.testing.do_bench`` for ``rep_ms``. The pattern tuner and the MSA tuner time with it."""
+    if interpreter:
+        samples = []
+        for _ in range(max(1, reps)):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples), _iqr(samples), samples
+    import triton.testing
+
+    fn()   # compile / warm up outside the measurement
+    torch.cuda.synchronize()
+    q25, q50, q75 = triton.testing.do_bench(fn, warmup=max(5, rep_ms // 4), rep=rep_ms, quantiles=[0.25, 0.5, 0.75],
+                                            return_mode="median")
+    return float(q50), float(q75 - q25), [float(q50)]
 
 
 def _iqr(samples: list[float]) -> float:

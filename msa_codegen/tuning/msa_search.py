@@ -21,7 +21,7 @@ from ..msa import launch
 from ..msa.api import msa_attention
 from .keys import MSA_FIELDS, TuningKey, library_version
 from .lookup import reload
-from .measure import median_iqr
+from .measure import time_runner
 
 #: the knobs and their choices (the same on every device, so that processes sharing a study agree)
 KNOBS = {
@@ -137,21 +137,8 @@ class MsaBench:
 
     def time(self, cfg) -> tuple[float, float]:
         """(median ms, interquartile range ms)."""
-        fn = self.runner(cfg)
-        if self.p.interpreter:
-            samples = []
-            for _ in range(2):
-                t0 = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - t0) * 1e3)
-            return median_iqr(samples)
-        import triton.testing
-
-        fn()
-        torch.cuda.synchronize()
-        q25, q50, q75 = triton.testing.do_bench(fn, warmup=max(5, self.rep_ms // 4), rep=self.rep_ms,
-                                                quantiles=[0.25, 0.5, 0.75], return_mode="median")
-        return float(q50), float(q75 - q25)
+        med, iqr, _ = time_runner(self.runner(cfg), self.p.interpreter, 2, self.rep_ms)
+        return med, iqr
 
 
 @dataclasses.dataclass
