@@ -177,3 +177,27 @@ def test_msa_tune_refuses(capsys):
     assert tune_cli.main(["--pattern", "0-3:msa=2048;4-7:window=32", "--heads", "8"]) == 2
     err = capsys.readouterr().err
     assert "msa" in err and "on its own" in err
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_mixed_msa_and_window_match_reference():
+    """``msa=T`` through ``attention`` on the GPU, bfloat16, against the float64 references of both
+    groups: heads 0-7 MSA (KV heads 0-1, two proxy heads), heads 8-15 a window (KV heads 2-3)."""
+    from msa_codegen.pattern.reference import reference_attention
+    from test_msa_attention import rel
+
+    dev, n, d, dp = torch.device("cuda"), 3001, 128, 64
+    gen = torch.Generator(device=dev).manual_seed(1)
+    mk = lambda *s: torch.randn(*s, device=dev, generator=gen).bfloat16().requires_grad_()  # noqa: E731
+    q, k, v = mk(1, 16, n, d), mk(1, 4, n, d), mk(1, 4, n, d)
+    qp, kp = (grid(1, h, n, dp, device=dev).bfloat16().requires_grad_() for h in (2, 1))
+    leaves = (q, k, v, qp, kp)
+    g = torch.randn(q.shape, device=dev, generator=gen)
+    out, kl = msa.attention(q, k, v, "0-7:msa=512;8-15:window=512", q_proxy=qp, k_proxy=kp, return_kl=True)
+    ours = [out.detach(), kl.detach()] + grads(out.float(), kl, leaves, g)
+
+    ro, rkl = msa.reference_msa(q[:, :8], k[:, :2], v[:, :2], qp, kp, 512)
+    rw = reference_attention(q[:, 8:], k[:, 2:], v[:, 2:], "window=512")
+    ref = [torch.cat([ro, rw], 1).detach(), rkl.detach()] + grads(torch.cat([ro, rw], 1), rkl, leaves, g.double())
+    errs = {name: rel(a, b) for name, a, b in zip(["out", "kl", "dq", "dk", "dv", "dq_proxy", "dk_proxy"], ours, ref)}
+    assert all(e < 2e-2 for e in errs.values()), errs
