@@ -190,7 +190,7 @@ def test_gpu_bf16_mixed_msa_and_window_match_reference():
     gen = torch.Generator(device=dev).manual_seed(1)
     mk = lambda *s: torch.randn(*s, device=dev, generator=gen).bfloat16().requires_grad_()  # noqa: E731
     q, k, v = mk(1, 16, n, d), mk(1, 4, n, d), mk(1, 4, n, d)
-    qp, kp = (grid(1, h, n, dp, device=dev).bfloat16().requires_grad_() for h in (2, 1))
+    qp, kp = (grid(1, h, n, dp, device=dev).detach().bfloat16().requires_grad_() for h in (2, 1))
     leaves = (q, k, v, qp, kp)
     g = torch.randn(q.shape, device=dev, generator=gen)
     out, kl = msa.attention(q, k, v, "0-7:msa=512;8-15:window=512", q_proxy=qp, k_proxy=kp, return_kl=True)

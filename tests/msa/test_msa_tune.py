@@ -22,22 +22,24 @@ def test_msa_fields_are_msaconfig():
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     db = tmp_path_factory.mktemp("msatune") / "tuning.db"
+    # float16 on a GPU too, so that the rows are the ones the float16 calls below look up
     code = tune_cli.main(["--pattern", PATTERN, "--seqlen", "128", "--heads", "2", "--kv-heads", "1",
-                          "--proxy-heads", "1", "--head-dim", "16", "--trials", "2", "--db", str(db)])
+                          "--proxy-heads", "1", "--head-dim", "16", "--dtype", "fp16", "--trials", "2",
+                          "--db", str(db)])
     assert code == 0
     tuning_lookup.reload()
     return db
 
 
-def _inputs(n=128):
+def _inputs(device, n=128):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, n, 16, generator=g)
     k, v = (torch.randn(1, 1, n, 16, generator=g) for _ in range(2))
     qp, kp = (torch.randn(1, 1, n, 16, generator=g) for _ in range(2))
-    return tuple(t.half() for t in (q, k, v, qp, kp))   # the rows are float16 (the interpreter's dtype)
+    return tuple(t.half().to(device) for t in (q, k, v, qp, kp))   # the rows are float16
 
 
-def test_tune_writes_rows_and_attention_uses_them(tuned, monkeypatch):
+def test_tune_writes_rows_and_attention_uses_them(tuned, monkeypatch, device):
     with TuningDB(tuned) as db:
         rows = db.rows()
     assert {r["direction"] for r in rows} == {"fwd", "bwd"}
@@ -55,7 +57,7 @@ def test_tune_writes_rows_and_attention_uses_them(tuned, monkeypatch):
         return meta
 
     monkeypatch.setattr(launch, "select_meta", spy)
-    q, k, v, qp, kp = _inputs()
+    q, k, v, qp, kp = _inputs(device)
     msa.msa_attention(q, k, v, qp, kp, 128, block=64)
     want = (fwd["config"]["select_block_m"], fwd["config"]["select_warps"], fwd["config"]["select_stages"])
     assert seen[-1] == want
