@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -275,6 +275,7 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
     s_acc = warpgroup_mma(q_smem, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_acc = warpgroup_mma_wait(0, deps=(s_acc, k_buf))[0]
     if INLINE_LOADS:
+        gl.thread_barrier()  # every warpgroup's product on this slot has finished
         if STAGES < n_blocks:
             mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [row_base + (kb_lo + STAGES) * BN, 0], k_ready.index(0), k_buf)
@@ -297,13 +298,15 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
         if PINGPONG:
             # take turns issuing the products: consumer 0 goes first
             mbarrier.wait(pp_bars.index(ROLE), ((c - 1) & 1) ^ (1 - ROLE))
+        p_prev = p_op
         s_acc = warpgroup_mma(q_smem, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        o_acc = warpgroup_mma(p_op, v_prev, o_acc, is_async=True)
+        o_acc = warpgroup_mma(p_prev, v_prev, o_acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(pp_bars.index(1 - ROLE))
         # groups complete in order: with one left in flight, S_c is done
         s_acc = warpgroup_mma_wait(1, deps=(s_acc, k_buf))[0]
         if INLINE_LOADS:
+            gl.thread_barrier()
             if c + STAGES < n_blocks:
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(k_desc, [row_base + (kb + STAGES) * BN, 0], k_ready.index(slot),
@@ -312,8 +315,9 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
             mbarrier.arrive(k_empty.index(slot))
         p_op, alpha_c, m_i, l_i = _attn_scores(s_acc, q0, kb, kb_full_lo, kb_full_hi, m_i, l_i, qk_scale, W, ROW_OFF,
                                                BMC, BN, s_layout, p_layout)
-        o_acc = warpgroup_mma_wait(0, deps=(o_acc, v_prev))[0]
+        o_acc = warpgroup_mma_wait(0, deps=(o_acc, v_prev, p_prev))[0]
         if INLINE_LOADS:
+            gl.thread_barrier()
             if c - 1 + STAGES < n_blocks:
                 mbarrier.expect(v_ready.index(pslot), v_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(v_desc, [row_base + (kb - 1 + STAGES) * BN, 0], v_ready.index(pslot),
@@ -328,7 +332,7 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
     v_last = v_bufs.index(lslot)
     mbarrier.wait(v_ready.index(lslot), lphase)
     o_acc = warpgroup_mma(p_op, v_last, o_acc, is_async=True)
-    o_acc = warpgroup_mma_wait(0, deps=(o_acc, v_last))[0]
+    o_acc = warpgroup_mma_wait(0, deps=(o_acc, v_last, p_op))[0]
     if not INLINE_LOADS:
         mbarrier.arrive(v_empty.index(lslot))
 
@@ -470,7 +474,8 @@ def aot():
             if asm is not None:
                 row["cubin_bytes"] = len(asm)
             ptx = k.asm.get("ptx", "")
-            row["setmaxnreg"] = sorted(set(int(x) for x in __import__("re").findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 (\d+)", ptx)))
+            # register targets the warp-specialised partitions switch to
+            row["setmaxnreg"] = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
             row["ptxas_regs"] = _ptxas_regs(k)
         except Exception as e:  # recorded, the next kernel still compiles
             row = dict(stage=name, compiled=False, error=f"{type(e).__name__}: {e}"[-3000:])
@@ -505,25 +510,20 @@ def aot():
 
 
 def _ptxas_regs(k):
-    """Registers a thread from the cubin's ELF notes (cuobjdump when present)."""
+    """Registers a thread at launch, spills (LOCAL bytes): cuobjdump on the cubin (Triton ships it)."""
     import shutil
     import tempfile
-    tool = shutil.which("cuobjdump")
+    import triton.backends.nvidia as nv
+    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
+    tool = tool if os.path.exists(tool) else shutil.which("cuobjdump")
     if tool is None:
-        try:
-            from triton.backends.nvidia.compiler import get_ptxas
-            tool = os.path.join(os.path.dirname(get_ptxas().path), "cuobjdump")
-        except Exception:
-            return None
-    if not os.path.exists(tool):
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
         out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    import re
-    m = re.search(r"REG:(\d+)", out)
-    return int(m.group(1)) if m else None
+    m = re.search(r"REG:(\d+).*LOCAL:(\d+)", out)
+    return dict(regs=int(m.group(1)), local_bytes=int(m.group(2))) if m else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -672,10 +672,11 @@ def _time_attn(res, args, fn):
     res["peak_tflops"] = peak = _matmul_peak()
     with torch.no_grad():
         o_ours, lse_ours = msa.attention(q, k, v, f"window={w}", return_lse=True)
-        o, lse = fn(q, k, v)[:2]
+        o = fn(q, k, v)
+        o = o[0] if isinstance(o, tuple) else o
         torch.cuda.synchronize()
         res["err_vs_msa_N131072"] = _rel(o[:, :, ::16], o_ours[:, :, ::16])
-        del o, lse, o_ours, lse_ours
+        del o, o_ours, lse_ours
         ms_ours = _bench(lambda: msa.attention(q, k, v, f"window={w}"), rep=args.rep)
         ms = _bench(lambda: fn(q, k, v), rep=args.rep)
     res.update(ms=ms, tflops=flops / ms * 1e-9, frac_peak=flops / ms * 1e-9 / peak, msa_ms=ms_ours,
@@ -705,19 +706,28 @@ def stage_flex(args):
     return res
 
 
-STAGES = ["copy", "gemm", "gemm_ws", "attn_ws1x8", "attn_ws2", "attn_ws2pp", "attn_nows", "flex"]
+# in order of what matters most, so that a run cut short still answers the question
+STAGES = ["aot", "copy", "gemm", "gemm_ws", "attn_ws2", "attn_ws1x8", "attn_nows", "attn_ws2pp", "flex",
+          "attn_ws2:3", "attn_ws1x8:3"]
 
 
 def run_stage(name, args):
-    if name == "copy":
+    """name: a stage of STAGES; attention variants take ':S' for a K/V ring of S tiles (default 2)."""
+    base, _, ring = name.partition(":")
+    if base == "aot":
+        rows = aot()
+        bad = [r["stage"] for r in rows if not r["compiled"]]
+        return dict(correct=not bad, kernels=rows, error=f"did not compile: {bad}" if bad else None)
+    if base == "copy":
         return stage_copy()
-    if name == "gemm":
+    if base == "gemm":
         return stage_gemm()
-    if name == "gemm_ws":
+    if base == "gemm_ws":
         return stage_gemm_ws()
-    if name in ATTN_VARIANTS:
-        return stage_attn(name, args)
-    if name == "flex":
+    if base in ATTN_VARIANTS:
+        args.attn_stages = int(ring or args.attn_stages)
+        return stage_attn(base, args)
+    if base == "flex":
         return stage_flex(args)
     raise SystemExit(f"unknown stage {name!r}; expected one of {STAGES}")
 
@@ -730,7 +740,8 @@ def _child(args):
         res["compiled"] = True
     except Exception as e:
         tb = traceback.format_exc()
-        res = dict(compiled=not _is_compile_error(e), correct=False, error=f"{type(e).__name__}: {e}", traceback=tb[-4000:])
+        res = dict(compiled=False if _is_compile_error(e) else "?", correct=False, error=f"{type(e).__name__}: {e}",
+                   traceback=tb[-4000:])
     res["stage"] = args.stage
     res["wall_s"] = round(time.time() - t0, 1)
     print("RESULT_JSON " + json.dumps(res, default=str), flush=True)
@@ -752,7 +763,7 @@ def _fmt_row(r):
         if r.get("torch_ms") is not None:
             t += f" (torch {r['torch_ms']:.3f} ms {r['torch_tflops']:.0f} TF/s)"
     err = r.get("max_rel_err")
-    return (f"{r['stage']:<12} {str(r.get('compiled', '?')):<9} {str(r.get('correct', '?')):<6} "
+    return (f"{r['stage']:<14} {str(r.get('compiled', '?')):<9} {str(r.get('correct', '?')):<6} "
             f"{'' if err is None else f'{err:.2e}':<9} {t}")
 
 
@@ -760,12 +771,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {STAGES}")
     ap.add_argument("--stage", help=argparse.SUPPRESS)  # child process: run one stage
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds a stage")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a stage (flex: twice)")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for all stages; the rest are skipped")
     ap.add_argument("--n", type=int, default=131072)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--attn-stages", type=int, default=2, help="K/V ring depth (2 or 3)")
-    ap.add_argument("--rep", type=int, default=500, help="do_bench rep (ms) of the attention timings")
+    ap.add_argument("--rep", type=int, default=300, help="do_bench rep (ms) of the attention timings")
     ap.add_argument("--time-anyway", action="store_true", help="time attention variants that fail the check")
     ap.add_argument("--aot", action="store_true", help="compile every kernel for sm_90 without a GPU")
     args = ap.parse_args()
@@ -781,14 +793,24 @@ def main():
     except Exception as e:
         print(f"torch/cuda: {e}")
     results = []
+    out = os.environ.get("OUT")
+    t_start = time.time()
     for name in args.stages.split(","):
+        timeout = args.timeout * (2 if name == "flex" else 1)  # torch.compile of the peer
+        left = args.budget - (time.time() - t_start)
+        if left < 30:
+            r = dict(stage=name, compiled="?", correct=False, error=f"skipped: {args.budget:.0f} s budget spent")
+            results.append(r)
+            print(_fmt_row(r), flush=True)
+            continue
+        timeout = min(timeout, left)
         cmd = [sys.executable, os.path.abspath(__file__), "--stage", name, "--n", str(args.n), "--heads",
                str(args.heads), "--window", str(args.window), "--attn-stages", str(args.attn_stages), "--rep",
                str(args.rep)] + (["--time-anyway"] if args.time_anyway else [])
         print(f"--- stage {name}", flush=True)
         t0 = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT_JSON ")]
             if line:
                 r = json.loads(line[-1][len("RESULT_JSON "):])
@@ -799,28 +821,38 @@ def main():
             r["returncode"] = p.returncode
             r["stderr_tail"] = p.stderr[-1500:]
         except subprocess.TimeoutExpired as e:
-            r = dict(stage=name, compiled="?", correct=False, error=f"timeout after {args.timeout:.0f} s (hang?)",
-                     traceback=((e.stdout or b"")[-1500:].decode(errors="replace") if isinstance(e.stdout, bytes)
-                                else str(e.stdout or "")[-1500:]))
+            so = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else str(e.stdout or "")
+            se = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
+            r = dict(stage=name, compiled="?", correct=False, error=f"timeout after {timeout:.0f} s (hang?)",
+                     traceback=(so[-1500:] + "\n" + se[-1500:]))
         r["stage_wall_s"] = round(time.time() - t0, 1)
         results.append(r)
         print(_fmt_row(r), flush=True)
         if r.get("error"):
             print("    " + "\n    ".join(str(r["error"]).splitlines()[:6]), flush=True)
-    print("\nstage        compiled  correct rel.err   time")
+        if out:  # after every stage, so that a run cut short keeps what it measured
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "gluon_probe.json"), "w") as f:
+                json.dump(dict(triton=triton.__version__, torch=torch.__version__, args=vars(args), results=results),
+                          f, indent=1, default=str)
+    print("\nstage          compiled  correct rel.err   time")
     for r in results:
         print(_fmt_row(r))
+    for r in results:
+        if r["stage"] == "aot" and r.get("kernels"):
+            print("\nsm_90 compile (shared bytes, registers a thread at launch / setmaxnreg targets, spills):")
+            for k in r["kernels"]:
+                regs = k.get("ptxas_regs") or {}
+                print(f"  {k['stage']:<22} {k.get('compiled')!s:<6} smem {k.get('shared', '-')!s:>7}  "
+                      f"regs {regs.get('regs', '-')!s:>4} setmaxnreg {k.get('setmaxnreg', '-')}  "
+                      f"local {regs.get('local_bytes', '-')}")
     for r in results:
         if r.get("error"):
             print(f"\n[{r['stage']}] " + "\n  ".join(str(r["error"]).splitlines()[:8]))
             tb = str(r.get("traceback", "")).strip().splitlines()
             if tb:
                 print("  ... " + "\n  ".join(tb[-8:]))
-    out = os.environ.get("OUT")
     if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "gluon_probe.json"), "w") as f:
-            json.dump(dict(triton=triton.__version__, args=vars(args), results=results), f, indent=1, default=str)
         print(f"\nwrote {os.path.join(out, 'gluon_probe.json')}")
 
 
