@@ -467,8 +467,8 @@ def aot():
             k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32),
                                options=opts)
             md = k.metadata
-            row = dict(stage=name, compiled=True, shared=md.shared, num_warps=md.num_warps, seconds=round(time.time() - t0, 1))
-            # registers from ptxas (the driver reports them only at load time on a GPU)
+            row = dict(stage=name, compiled=True, shared=md.shared, num_warps=md.num_warps,
+                       seconds=round(time.time() - t0, 1))
             asm = k.asm.get("cubin")
             if asm is not None:
                 row["cubin_bytes"] = len(asm)
