@@ -16,7 +16,7 @@ of the tiles; an ahead-of-time compile for the GPU's target near the limit); the
 in --jobs worker processes at a time. Each bucket and direction shows one progress line (updated
 in place on a terminal) and ends with one summary line, e.g.
 
-    bucket 131072 fwd: 40 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms
+    bucket 131072 fwd: 40 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms, 52 s
 
 --budget-minutes M bounds the whole run: when M minutes are spent no trial starts; the best of
 what finished is stored and what was not done is listed. Ctrl-C keeps the rows already stored.
@@ -243,10 +243,12 @@ def run(args) -> int:
                 continue
             print(f"[bucket {b}, {direction}] timing {problem.describe()}", flush=True)
             stats = TuneStats(b, direction, trials)
+            t0 = time.monotonic()
             try:
                 res = tune(problem, direction, key, db_path, trials=trials, jobs=jobs, deadline=deadline,
                            stats=stats, precompile=None if jobs > 1 else False)
             finally:
+                stats.seconds = time.monotonic() - t0
                 print(stats.line(), flush=True)   # also when interrupted: what this bucket did
             if res is None:
                 if stats.budget_stop and stats.trials == 0:

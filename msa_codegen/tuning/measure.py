@@ -107,6 +107,15 @@ def representative_problem(pattern: str, heads: int, kv_heads: int, seqlen: int,
     return Problem(pattern, 1, hq, hkv, min(seqlen, INTERP_MAX_SEQLEN), head_dim, dtype, "cpu", seqlen)
 
 
+def check_shape(problem: Problem) -> tuple[int, int, int]:
+    """(query heads, key/value heads, N) of the problem a candidate is checked on (batch 1): the
+    pattern's head groups need every query head; otherwise one key/value head and its group of
+    query heads suffice. N is short and odd (partial blocks at the end)."""
+    hq, hkv = (problem.heads, problem.kv_heads) if parse(problem.pattern).grouped else (problem.group, 1)
+    n = min(problem.seqlen, CHECK_SEQLEN_INTERPRETER if problem.interpreter else CHECK_SEQLEN_GPU)
+    return hq, hkv, n
+
+
 def _lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
     lse, ref = lse.double(), ref.double()
     dead = torch.isinf(ref)
@@ -138,11 +147,7 @@ class Bench:
         self.rep_ms = rep_ms
         self.reps = reps if reps is not None else (2 if problem.interpreter else 0)
         p = problem
-        # the check problem: the pattern's head groups need every query head; otherwise one
-        # key/value head and its group of query heads suffice
-        grouped = parse(p.pattern).grouped
-        hq, hkv = (p.heads, p.kv_heads) if grouped else (p.group, 1)
-        n_check = min(p.seqlen, CHECK_SEQLEN_INTERPRETER if p.interpreter else CHECK_SEQLEN_GPU)
+        hq, hkv, n_check = check_shape(p)
         self.check_inputs = _inputs(1, hq, hkv, n_check, p.head_dim, p.dtype, p.device, seed=1234, grad=True)
         q, k, v, do = self.check_inputs
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

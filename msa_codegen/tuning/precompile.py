@@ -10,7 +10,10 @@ kernels load from that cache. Nothing is timed while the workers run.
 The small problem keeps what Triton specialises a kernel on: the same heads, head dim,
 dtype and pattern, and a length with the timed length's remainder mod 16 (strides and
 lengths divisible by 16 or not alike), so that the cache entry is the one the timed launch
-looks up. Were it not, the timed launch would compile again: slower, never wrong.
+looks up. Were it not, the timed launch would compile again: slower, never wrong. The worker
+also runs the candidate on the correctness check's problem (``measure.check_shape``), whose odd
+length is another specialisation: left to the tuner's process, it was compiled there, serially,
+once per trial.
 
 A candidate that fails to compile or launch in a worker is reported as failed with that
 error, without being retried in the tuner's process.
@@ -27,7 +30,7 @@ import torch
 from .. import api
 from ..config import as_list, from_list, use_config
 from .keys import dtype_name
-from .measure import error_line
+from .measure import check_shape, error_line
 
 _pool: cf.ProcessPoolExecutor | None = None
 _pool_size = 0
@@ -71,24 +74,26 @@ def warm_seqlen(seqlen: int) -> int:
     return WARM_SEQLEN + seqlen % 16
 
 
-def _warm(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int, dtype_name: str, device: str,
+def _warm(pattern: str, shapes: list[tuple[int, int, int]], head_dim: int, dtype_name: str, device: str,
           direction: str, cfg_values: list[int]) -> str | None:
-    """(In a worker.) Run one candidate once; None, or the error that stopped it."""
+    """(In a worker.) Run one candidate once per (heads, kv_heads, N) shape; None, or the error
+    that stopped it."""
     try:
         dtype = getattr(torch, dtype_name)
         g = torch.Generator(device="cpu").manual_seed(7)
-        q = torch.randn(1, heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
-        k = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
-        v = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
-        with use_config(from_list(cfg_values)):
-            if direction == "fwd":
-                with torch.no_grad():
-                    api.attention(q, k, v, pattern)
-            else:
-                for t in (q, k, v):
-                    t.requires_grad_()
-                out = api.attention(q, k, v, pattern)
-                torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        for heads, kv_heads, seqlen in shapes:
+            q = torch.randn(1, heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
+            k = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
+            v = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
+            with use_config(from_list(cfg_values)):
+                if direction == "fwd":
+                    with torch.no_grad():
+                        api.attention(q, k, v, pattern, return_lse=True)
+                else:
+                    for t in (q, k, v):
+                        t.requires_grad_()
+                    out = api.attention(q, k, v, pattern)
+                    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
         if device == "cuda":
             torch.cuda.synchronize()
         return None
@@ -101,8 +106,10 @@ def compile_all(problem, direction: str, configs: list, n_workers: int | None = 
     if not configs:
         return []
     pool = _get_pool(n_workers or workers())
-    n = warm_seqlen(problem.seqlen)
-    futures = [pool.submit(_warm, problem.pattern, problem.heads, problem.kv_heads, n, problem.head_dim,
+    # the timed launch's specialisation and the correctness check's (``measure.check_shape``: an
+    # odd length, so another compile), both in the worker: the tuner's process then loads both
+    shapes = [(problem.heads, problem.kv_heads, warm_seqlen(problem.seqlen)), check_shape(problem)]
+    futures = [pool.submit(_warm, problem.pattern, shapes, problem.head_dim,
                            dtype_name(problem.dtype), problem.device, direction, as_list(cfg)) for cfg in configs]
     out = []
     for f in futures:

@@ -4,7 +4,7 @@ On a terminal the line is rewritten in place (carriage return) after every trial
 (CI logs, pipes) plain lines are written, one when a quarter of the trials more is done, so a log
 stays short. The summary line of a finished bucket and direction reads
 
-    bucket 131072 fwd: 40 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms
+    bucket 131072 fwd: 40 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms, 52 s
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class TuneStats:
     out_of_resources: int = 0      # of the failed: out of resources at compile or launch
     best_ms: float | None = None
     budget_stop: bool = False      # stopped before ``total`` because the time budget was spent
+    seconds: float | None = None   # wall-clock time of the bucket and direction, once it is done
 
     def line(self) -> str:
         parts = [f"{self.trials} trials" + (f" of {self.total}" if self.budget_stop else ""),
@@ -39,6 +40,8 @@ class TuneStats:
         parts.append(failed)
         parts.append(f"best {self.best_ms:.4g} ms" if self.best_ms is not None else "best -")
         tail = ", budget spent" if self.budget_stop else ""
+        if self.seconds is not None:
+            tail += f", {self.seconds:.0f} s"
         return f"bucket {self.bucket} {self.direction}: {', '.join(parts)}{tail}"
 
 

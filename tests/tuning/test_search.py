@@ -220,7 +220,7 @@ def test_precompiled_batches_run_in_workers_and_their_failures_are_pruned(tmp_ho
         assert errors == [None, None]
     precompile.shutdown()
     # what a worker reports when a candidate cannot run: its error, one line
-    err = precompile._warm("window=0", 2, 1, 40, 16, "float32", "cpu", "fwd", as_list(small))
+    err = precompile._warm("window=0", [(2, 1, 40)], 16, "float32", "cpu", "fwd", as_list(small))
     assert err is not None and err.startswith("PatternError") and "\n" not in err, err
     seen = []
 
@@ -260,3 +260,40 @@ def test_a_trial_another_process_finished_is_dropped_not_a_crash(tmp_home):
     assert t.value == 2.0 and "spread_ms" not in t.user_attrs
     trial2 = study.ask()
     assert _settle(study, trial2, 3.0, spread_ms=0.2) is True
+
+
+def test_workers_warm_the_timed_and_the_check_specialisations(monkeypatch):
+    """Each worker runs a candidate at the timed length's specialisation and at the correctness
+    check's shape (an odd length: another compile), so that the tuner's process compiles neither."""
+    from concurrent.futures import Future
+
+    from msa_codegen import api
+    from msa_codegen.config import as_list
+    from msa_codegen.tuning import precompile
+    from msa_codegen.tuning.measure import Problem, check_shape
+
+    problem = Problem("window=64", 8, 16, 4, 8192, 32, torch.float32, "cuda", 8192)
+    submitted = []
+
+    class Pool:
+        def submit(self, fn, *args):
+            submitted.append(args)
+            f = Future()
+            f.set_result(None)
+            return f
+
+    monkeypatch.setattr(precompile, "_get_pool", lambda n: Pool())
+    cfg = default_config(torch.device("cpu"), 32, torch.float32)
+    assert precompile.compile_all(problem, "bwd", [cfg, cfg], n_workers=2) == [None, None]
+    shapes = submitted[0][1]
+    assert shapes == [(16, 4, 1024), check_shape(problem)] and check_shape(problem) == (4, 1, 1085)
+    # the worker runs every shape it is given (here in this process, the kernels stubbed)
+    ran = []
+
+    def fake_attention(q, k, v, pattern, **kw):
+        ran.append((q.shape[1], k.shape[1], q.shape[2]))
+        return q * (k.sum() + v.sum())
+
+    monkeypatch.setattr(api, "attention", fake_attention)
+    assert precompile._warm("window=64", shapes, 32, "float32", "cpu", "bwd", as_list(cfg)) is None
+    assert ran == shapes
