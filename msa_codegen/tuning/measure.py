@@ -236,3 +236,14 @@ def _iqr(samples: list[float]) -> float:
 
 def median_iqr(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), _iqr(samples)
+
+
+def interleaved(time_one, keys: list, rounds: int) -> dict:
+    """{key: (median ms, interquartile range ms)} over ``rounds`` rounds; every round times each key
+    once (``time_one(key)`` -> ms), starting at a different one, so that a drift of the clocks or
+    of the GPU's temperature spreads over all keys alike. How both tuners pick their winner."""
+    samples = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            samples[key].append(time_one(key))
+    return {key: median_iqr(samples[key]) for key in keys}

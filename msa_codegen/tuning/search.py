@@ -39,7 +39,7 @@ from . import space as _space
 from .progress import Progress, TuneStats
 from .keys import TuningKey, library_version
 from .lookup import reload
-from .measure import Bench, Problem, WrongResult, error_line, median_iqr
+from .measure import Bench, Problem, WrongResult, error_line, interleaved
 
 CONNECT_TIMEOUT_S = 120
 FINALISTS = 3
@@ -330,13 +330,7 @@ def tune(problem: Problem, direction: str, key: TuningKey, db_path: Path, *, tri
         by_pk = {_params_key(t.params): t for t in complete}
         timed = {pk: (by_pk[pk].value, float(by_pk[pk].user_attrs.get("spread_ms", 0.0))) for pk in order}
     else:
-        samples: dict[tuple, list[float]] = {pk: [] for pk in order}
-        for r in range(n_rounds):
-            # interleaved: every round measures each finalist once, starting at a different one
-            for pk in order[r % len(order):] + order[:r % len(order)]:
-                med, _, _ = bench.time(runners[pk], rep_ms=max(10, rep_ms // 2))
-                samples[pk].append(med)
-        timed = {pk: median_iqr(samples[pk]) for pk in order}
+        timed = interleaved(lambda pk: bench.time(runners[pk], rep_ms=max(10, rep_ms // 2))[0], order, n_rounds)
     win = min(order, key=lambda pk: timed[pk][0])
     med, spread = timed[win]
     default_ms = timed[dpk][0] if dpk in timed else None

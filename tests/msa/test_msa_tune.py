@@ -45,6 +45,8 @@ def test_tune_writes_rows_and_attention_uses_them(tuned, monkeypatch, device):
     assert {r["direction"] for r in rows} == {"fwd", "bwd"}
     assert all(r["pattern"] == PATTERN and r["gqa_group"] == 2 and r["head_dim"] == 16 for r in rows)
     fwd = next(r for r in rows if r["direction"] == "fwd")
+    # the finalists are re-measured interleaved against the default, which the row keeps
+    assert all("interleaved over" in r["provenance"] and r["default_ms"] > 0 for r in rows)
     assert set(fwd["config"]) == set(MSA_FIELDS["fwd"])
     monkeypatch.setenv("MSA_CODEGEN_HOME", str(tuned.parent))   # the user db is $MSA_CODEGEN_HOME/tuning.db
     tuning_lookup.reload()
