@@ -21,7 +21,7 @@ import msa_codegen as msa
 from msa_codegen.distributed import halo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cp_worker import case_inputs  # noqa: E402
+from cp_worker import TinyAttention, case_inputs, model_inputs  # noqa: E402
 
 WORKER = Path(__file__).parent / "cp_worker.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,22 @@ CASES = {
         _case("random_replicated", "window=8,random=1,block=16,seed=3", [48, 48]),
         _case("device_mesh_1d", "window=20", [48, 48], mesh=[2]),
         _case("under_torch_compile", "window=24,sink=3", [32, 32], local=True, compile=True),
-        _case("mismatched_heads", "window=8", [32, 32], Hq_by_rank={"1": 1}, error=True),
+        _case("mismatched_heads", "window=8", [32, 32], Hq_by_rank={"1": 1}, error="query heads Hq"),
+        # what one rank alone gets wrong raises on every rank (no rank waits in a collective)
+        _case("mismatched_dtype", "window=8", [32, 32], dtype_by_rank={"1": "float16"}, error="same dtype"),
+        _case("seq_lens_wrong_on_one_rank", "window=8", [32, 32], pass_lens=True,
+              seq_lens_by_rank={"1": [40, 24]}, error="seq_lens on rank 1 does not match"),
+        _case("pattern_bad_on_one_rank", "window=8", [32, 32], pattern_by_rank={"1": "window=0"},
+              error={"0": "rank 1 of the group rejected", "1": "window"}),
+        _case("patterns_differ", "window=8", [32, 32], pattern_by_rank={"1": "window=9"},
+              error="different patterns"),
+        _case("every_rank_empty", "window=8", [0, 0], error="every rank holds zero tokens"),
+        _case("halo_exceeds_sequence", "window=200,dilation=3,sink=7", [20, 28]),
+        # the exchange alone at the issue's lengths (too long for the interpreter's kernels)
+        _case("traffic_1m_window4096_dilation2", "window=4096,dilation=2", [1 << 19, 1 << 19], Hq=1, Hkv=1, D=4,
+              fetch_only=True, local=True),
+        _case("traffic_1m_window4096_dilation2_sink64", "window=4096,dilation=2,sink=64", [1 << 19, 1 << 19], Hq=1,
+              Hkv=1, D=4, fetch_only=True, local=True),
     ],
     3: [
         _case("uneven_explicit_lens", "window=20,dilation=2", [30, 70, 28], local=True, pass_lens=True),
@@ -55,11 +70,17 @@ CASES = {
         _case("sink_spans_ranks", "causal=false,window=4,sink=50", [32, 32, 32]),
         _case("global_term", "causal=false,window=4,global=10", [32, 32, 32]),
         _case("topk_unaligned_replicated", "window=4,topk=2,block=16", [40, 40, 40], topk=(2, 16)),
+        _case("bidirectional_halo_exceeds_sequence", "causal=false,window=100,dilation=2", [16, 24, 12]),
     ],
     4: [
         _case("halo_spans_three_ranks", "causal=false,window=12,dilation=6", [24, 24, 24, 24]),
         _case("zero_token_rank", "window=16,sink=2", [40, 0, 30, 26], local=True),
         _case("mesh_2d_cp_dim", "window=12,dilation=2", [48, 48], local=True, mesh=[2, 2]),
+        # FSDP2 (hybrid: replicated over "dp", sharded over "cp") around context parallelism over "cp"
+        _case("fsdp_dp_x_cp_mesh", "window=12,dilation=2,sink=3", [40, 40], Hq=4, Hkv=2, D=16, mesh=[2, 2],
+              fsdp=True, local=True),
+        _case("traffic_4_ranks_window4096_dilation2", "window=4096,dilation=2,sink=64", [1 << 18] * 4, Hq=1, Hkv=1,
+              D=4, fetch_only=True, local=True),
     ],
 }
 
@@ -133,6 +154,25 @@ def _reference(case, dtype=torch.float32, device="cpu", dp=0):
     return dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
 
 
+def _check_fsdp(results: list[dict], case: dict, atol: float) -> None:
+    """Outputs per data-parallel group, and parameter gradients summed over both groups."""
+    grads = {}
+    for dp in sorted({r["dp"] for r in results}):
+        model = TinyAttention(case)
+        x, dout = model_inputs(case, dp)
+        out = model(x, lambda q, k, v: msa.attention(q, k, v, case["pattern"]))
+        (out * dout).sum().backward()
+        ranks = sorted((r for r in results if r["dp"] == dp), key=lambda r: r["cp_rank"])
+        got = torch.cat([r["out"] for r in ranks], dim=2)
+        assert (got - out.detach()).abs().max() <= atol * max(1.0, out.abs().max().item())
+        for name, p in model.named_parameters():
+            grads[name] = grads.get(name, 0) + p.grad
+    for res in results:
+        for name, want in grads.items():
+            err = (res["grads"][name] - want).abs().max().item()
+            assert err <= atol * max(1.0, want.abs().max().item()), f"{name}: max error {err}"
+
+
 def _check(results: list[dict], case: dict, atol: float, dtype=torch.float32, device="cpu") -> None:
     groups = sorted({r["dp"] for r in results})
     for dp in groups:
@@ -155,11 +195,17 @@ def test_matches_single_process(runs, world, case):
     if case.get("error"):
         for r, res in enumerate(results):
             assert "error" in res, f"rank {r} did not raise"
-            assert "query heads Hq" in res["error"], res["error"]
+            want = case["error"] if isinstance(case["error"], str) else case["error"][str(r)]
+            assert want in res["error"], (r, res["error"])
         return
     for r, res in enumerate(results):
         assert "error" not in res, f"rank {r}: {res['traceback']}"
-    _check(results, case, atol=1e-4)
+    if case.get("fetch_only"):
+        assert all(r["rows_ok"] and r["grads_ok"] for r in results)
+    elif case.get("fsdp"):
+        _check_fsdp(results, case, atol=1e-4)
+    else:
+        _check(results, case, atol=1e-4)
     # traffic: what the formula says each rank receives and sends back, in both directions
     want = halo.traffic_bytes(case["pattern"], case["lens"], batch=case["B"], q_heads=case["Hq"],
                               kv_heads=case["Hkv"], head_dim=case["D"], itemsize=4)
