@@ -118,11 +118,52 @@ def run_fetch_case(case: dict, rank: int, dtype, device):
     return dict(traffic=msa.distributed.last_traffic(), rows_ok=rows_ok, grads_ok=grads_ok, dp=0, cp_rank=rank)
 
 
+def hf_model(case: dict, attn_implementation: str):
+    """A tiny Qwen2 (layer 0 dense causal, layer 1 a sliding window of 16), weights from the case's seed."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=100, use_cache=False, use_sliding_window=True,
+                      sliding_window=16, max_window_layers=1)
+    torch.manual_seed(case["seed"])
+    return Qwen2ForCausalLM._from_config(cfg, attn_implementation=attn_implementation)
+
+
+def hf_inputs(case: dict):
+    """The whole sequence's token ids ``(1, N)`` and the logits' cotangent ``(1, N, vocab)``."""
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    n = sum(case["lens"])
+    return torch.randint(0, 100, (1, n), generator=g), torch.randn(1, n, 100, generator=g)
+
+
+def run_hf_case(case: dict, rank: int):
+    """A Hugging Face model whose attention layers are context-parallel over the world
+    (``register(..., context_parallel_group=)``): this rank's logits, and the parameter gradients
+    summed over the ranks (what data parallelism's reduction would do)."""
+    import msa_codegen.integrations.transformers as msa_hf
+
+    msa_hf.register("msa_cp", context_parallel_group=dist.group.WORLD)
+    model = hf_model(case, "msa_cp")
+    ids, dlogits = hf_inputs(case)
+    lens = case["lens"]
+    s = sum(lens[:rank])
+    e = s + lens[rank]
+    logits = model(input_ids=ids[:, s:e], position_ids=torch.arange(s, e)[None]).logits
+    (logits * dlogits[:, s:e]).sum().backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        dist.all_reduce(p.grad)
+        grads[name] = p.grad
+    return dict(out=logits.detach(), grads=grads, dp=0, cp_rank=rank)
+
+
 def run_case(case: dict, rank: int, world: int, dtype, device):
     import msa_codegen as msa
 
     if case.get("fetch_only"):
         return run_fetch_case(case, rank, dtype, device)
+    if case.get("hf"):
+        return run_hf_case(case, rank)
     group, cp_rank, dp = None, rank, 0
     if case.get("mesh"):
         from torch.distributed.device_mesh import init_device_mesh

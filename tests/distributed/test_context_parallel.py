@@ -21,11 +21,18 @@ import msa_codegen as msa
 from msa_codegen.distributed import halo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cp_worker import TinyAttention, case_inputs, model_inputs  # noqa: E402
+from cp_worker import TinyAttention, case_inputs, hf_inputs, hf_model, model_inputs  # noqa: E402
 
 WORKER = Path(__file__).parent / "cp_worker.py"
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
+
+
+try:
+    import transformers  # noqa: F401
+    _HAVE_TRANSFORMERS = True
+except ImportError:
+    _HAVE_TRANSFORMERS = False
 
 
 def _case(name, pattern, lens, **kw):
@@ -71,7 +78,10 @@ CASES = {
         _case("global_term", "causal=false,window=4,global=10", [32, 32, 32]),
         _case("topk_unaligned_replicated", "window=4,topk=2,block=16", [40, 40, 40], topk=(2, 16)),
         _case("bidirectional_halo_exceeds_sequence", "causal=false,window=100,dilation=2", [16, 24, 12]),
-    ],
+    ] + ([
+        # a Hugging Face model's attention layers (dense causal, then window=16) over the 3 ranks
+        _case("hf_qwen2_context_parallel_group", "(the model's)", [20, 24, 18], hf=True),
+    ] if _HAVE_TRANSFORMERS else []),
     4: [
         _case("halo_spans_three_ranks", "causal=false,window=12,dilation=6", [24, 24, 24, 24]),
         _case("zero_token_rank", "window=16,sink=2", [40, 0, 30, 26], local=True),
@@ -173,6 +183,21 @@ def _check_fsdp(results: list[dict], case: dict, atol: float) -> None:
             assert err <= atol * max(1.0, want.abs().max().item()), f"{name}: max error {err}"
 
 
+def _check_hf(results: list[dict], case: dict, atol: float) -> None:
+    """Every rank's logits and the summed parameter gradients against the model's own eager attention
+    on the whole sequence."""
+    model = hf_model(case, "eager")
+    ids, dlogits = hf_inputs(case)
+    logits = model(input_ids=ids).logits
+    (logits * dlogits).sum().backward()
+    got = torch.cat([r["out"] for r in sorted(results, key=lambda r: r["cp_rank"])], dim=1)
+    assert (got - logits.detach()).abs().max() <= atol * max(1.0, logits.abs().max().item())
+    for res in results:
+        for name, p in model.named_parameters():
+            err = (res["grads"][name] - p.grad).abs().max().item()
+            assert err <= atol * max(1.0, p.grad.abs().max().item()), f"{name}: max error {err}"
+
+
 def _check(results: list[dict], case: dict, atol: float, dtype=torch.float32, device="cpu") -> None:
     groups = sorted({r["dp"] for r in results})
     for dp in groups:
@@ -202,6 +227,9 @@ def test_matches_single_process(runs, world, case):
         assert "error" not in res, f"rank {r}: {res['traceback']}"
     if case.get("fetch_only"):
         assert all(r["rows_ok"] and r["grads_ok"] for r in results)
+    elif case.get("hf"):
+        _check_hf(results, case, atol=1e-4)
+        return   # the traffic of a model's last layer: not one pattern to hold it against
     elif case.get("fsdp"):
         _check_fsdp(results, case, atol=1e-4)
     else:
