@@ -97,8 +97,8 @@ def _check_meta(meta: list[list[int]], seq_lens, me: int, local_error: Exception
     if failed:   # after the comparisons: a mismatch names every rank's value, which says more
         raise_failed(failed)
     if len({m[7] for m in meta}) > 1:
-        raise ValueError("context_parallel_attention: the ranks passed different patterns (every rank must pass "
-                         "the same one)")
+        raise ValueError("context_parallel_attention: the ranks passed different patterns or layouts (every rank "
+                         "must pass the same ones)")
     lens = [m[0] for m in meta]
     given = {m[8] for m in meta} - {0}
     if given and given != {_fingerprint(repr(lens))}:
@@ -115,7 +115,7 @@ def _check_meta(meta: list[list[int]], seq_lens, me: int, local_error: Exception
 
 def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group=None, seq_lens=None, *,
                                mesh_dim=None, scale: float | None = None, return_lse: bool = False,
-                               block_indices=None):
+                               block_indices=None, layout: str = "contiguous"):
     """Sparse attention over a sequence sharded in contiguous slices across a process group.
 
     Args:
@@ -129,6 +129,13 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
             from the one small all-gather every call makes.
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the float32 LSE ``(B, Hq, n_r)`` of this rank's queries.
+        layout: ``"contiguous"`` (default): rank r holds rows ``[start_r, start_r + n_r)``.
+            ``"head_tail"``: load balancing for causal attention: the sequence is cut into 2P
+            chunks of ``n_r / 2`` rows and rank r holds chunks r and ``2P - 1 - r`` back to back
+            (q, k, v and the output alike; every ``n_r`` the same even number; no random/topk
+            terms). Each rank then computes the same number of (query, key) pairs of a dense
+            causal pattern, where the contiguous layout gives the last rank ``2P - 1`` times the
+            first's; the K/V it fetches are the same all-gather-like rows (``halo.holdings``).
         block_indices: for ``topk=K``: the *global* int32 ``(B, Hkv, ceil(N / block), K)`` table, the
             same on every rank.
 
@@ -159,7 +166,9 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
             if t.dim() != 4:
                 raise ValueError(f"{name} must be a 4-dim tensor (B, H, n_r, D), got {tuple(t.shape)}")
         pattern = parse(pattern)
-        pattern_fp = _fingerprint(str(pattern))
+        if layout not in halo.LAYOUTS:
+            raise ValueError(f"layout must be one of {halo.LAYOUTS}, got {layout!r}")
+        pattern_fp = _fingerprint(f"{pattern}|{layout}")
         if pattern.msa_groups:
             raise ValueError(f"pattern {str(pattern)!r}: msa=T is not available in context_parallel_attention yet "
                              f"(MSA's per-query selection reads every earlier key block); run msa_attention or "
@@ -177,6 +186,11 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
     me = comm.rank
     scale = float(d ** -0.5 if scale is None else scale)
 
+    held = halo.holdings(lens, layout)   # head_tail with uneven slices raises here, on every rank alike
+    if layout != "contiguous" and (halo.replicated(pattern, lens, hq)
+                                   or any(s.topk for _, _, s in pattern.head_groups(hq))):
+        raise ValueError(f"layout={layout!r} does not take random or topk terms (pattern {str(pattern)!r}): "
+                         f"their blocks are rows of the contiguous sequence")
     if halo.replicated(pattern, lens, hq):
         whole = [[(0, n)] if ln else [] for ln in lens]
         plan = halo.exchange_plan(whole, lens)
@@ -190,12 +204,16 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
             return res[0][:, :, s:e], res[1][:, :, s:e]
         return res[:, :, s:e]
 
-    plan = halo.exchange_plan(halo.needed_ranges(pattern, lens, hq), lens)
+    needed = halo.needed_ranges(pattern, lens, hq, layout)
+    plan = halo.exchange_plan(needed, lens, layout)
     k_loc, v_loc = fetch([k, v], [plan, plan], off, comm)
     if n_me == 0:
         return _empty(q, k, v, return_lse)
-    q_pos = torch.arange(off[me], off[me + 1], device=q.device, dtype=torch.int32)
-    k_pos = torch.cat([torch.arange(lo, hi, device=q.device, dtype=torch.int32) for _, lo, hi in plan[me]])
+
+    def positions(ranges):
+        return torch.cat([torch.arange(lo, hi, device=q.device, dtype=torch.int32) for lo, hi in ranges])
+    q_pos = positions(held[me])
+    k_pos = positions(halo.plan_positions(needed, lens, layout)[me])
     local_bi = None
     if block_indices is not None:
         local_bi = _local_block_indices(pattern, hq, block_indices, off[me], n_me, k_loc.shape[2])

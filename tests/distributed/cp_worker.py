@@ -157,6 +157,14 @@ def run_hf_case(case: dict, rank: int):
     return dict(out=logits.detach(), grads=grads, dp=0, cp_rank=rank)
 
 
+def held_rows(case: dict, cp_rank: int) -> torch.Tensor:
+    """The global rows rank ``cp_rank`` holds, in its local order (``halo.holdings``)."""
+    from msa_codegen.distributed import halo
+
+    held = halo.holdings(case["lens"], case.get("layout", "contiguous"))[cp_rank]
+    return torch.cat([torch.arange(lo, hi) for lo, hi in held]) if held else torch.zeros(0, dtype=torch.long)
+
+
 def run_case(case: dict, rank: int, world: int, dtype, device):
     import msa_codegen as msa
 
@@ -181,9 +189,12 @@ def run_case(case: dict, rank: int, world: int, dtype, device):
     q, k, v, dout, bi = case_inputs(case, dtype, device, dp)
     hq = case.get("Hq_by_rank", {}).get(str(rank), case["Hq"])
     rank_dtype = getattr(torch, case.get("dtype_by_rank", {}).get(str(rank), str(dtype).replace("torch.", "")))
-    ql = q[:, :hq, s:e].to(rank_dtype).clone().requires_grad_()
-    kl, vl = (t[:, :, s:e].to(rank_dtype).clone().requires_grad_() for t in (k, v))
+    rows = held_rows(case, cp_rank)
+    ql = q[:, :hq, rows].to(rank_dtype).clone().requires_grad_()
+    kl, vl = (t[:, :, rows].to(rank_dtype).clone().requires_grad_() for t in (k, v))
     kwargs = dict(group=group, block_indices=bi)
+    if case.get("layout"):
+        kwargs["layout"] = case["layout"]
     if case.get("pass_lens"):
         kwargs["seq_lens"] = case.get("seq_lens_by_rank", {}).get(str(rank), lens)
     pattern = case.get("pattern_by_rank", {}).get(str(rank), case["pattern"])
@@ -193,9 +204,9 @@ def run_case(case: dict, rank: int, world: int, dtype, device):
         # break the graph, the kernels run as the custom op
         fn = torch.compile(fn)
     out = fn(ql, kl, vl, pattern, **kwargs)
-    (out * dout[:, :hq, s:e]).sum().backward()
+    (out * dout[:, :hq, rows]).sum().backward()
     return dict(out=out.detach().cpu(), dq=ql.grad.cpu(), dk=kl.grad.cpu(), dv=vl.grad.cpu(),
-                traffic=msa.distributed.last_traffic(), dp=dp, cp_rank=cp_rank)
+                traffic=msa.distributed.last_traffic(), dp=dp, cp_rank=cp_rank, rows=rows)
 
 
 def main() -> None:

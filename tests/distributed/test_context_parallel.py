@@ -53,6 +53,9 @@ CASES = {
         _case("random_replicated", "window=8,random=1,block=16,seed=3", [48, 48]),
         _case("device_mesh_1d", "window=20", [48, 48], mesh=[2]),
         _case("under_torch_compile", "window=24,sink=3", [32, 32], local=True, compile=True),
+        _case("head_tail_dense_causal", "causal", [32, 32], layout="head_tail"),
+        _case("head_tail_window_sink", "window=10,dilation=2,sink=3", [24, 24], layout="head_tail", Hq=4, Hkv=2),
+        _case("head_tail_uneven", "causal", [32, 30], layout="head_tail", error="same even number of rows"),
         _case("mismatched_heads", "window=8", [32, 32], Hq_by_rank={"1": 1}, error="query heads Hq"),
         # what one rank alone gets wrong raises on every rank (no rank waits in a collective)
         _case("mismatched_dtype", "window=8", [32, 32], dtype_by_rank={"1": "float16"}, error="same dtype"),
@@ -78,6 +81,7 @@ CASES = {
         _case("global_term", "causal=false,window=4,global=10", [32, 32, 32]),
         _case("topk_unaligned_replicated", "window=4,topk=2,block=16", [40, 40, 40], topk=(2, 16)),
         _case("bidirectional_halo_exceeds_sequence", "causal=false,window=100,dilation=2", [16, 24, 12]),
+        _case("head_tail_3_ranks", "0-1:causal;2-3:window=8,sink=2", [20, 20, 20], layout="head_tail", Hq=4),
     ] + ([
         # a Hugging Face model's attention layers (dense causal, then window=16) over the 3 ranks
         _case("hf_qwen2_context_parallel_group", "(the model's)", [20, 24, 18], hf=True),
@@ -204,8 +208,10 @@ def _check(results: list[dict], case: dict, atol: float, dtype=torch.float32, de
         ranks = sorted((r for r in results if r["dp"] == dp), key=lambda r: r["cp_rank"])
         ref = _reference(case, dtype, device, dp)
         for name in ("out", "dq", "dk", "dv"):
-            got = torch.cat([r[name] for r in ranks], dim=2).float()
             want = ref[name].float().cpu()
+            got = torch.full_like(want, float("nan"))   # every row must come from some rank
+            for r in ranks:
+                got[:, :, r["rows"]] = r[name].float()
             err = (got - want).abs().max().item()
             assert err <= atol * max(1.0, want.abs().max().item()), f"{case['name']} {name}: max error {err}"
 
@@ -236,7 +242,8 @@ def test_matches_single_process(runs, world, case):
         _check(results, case, atol=1e-4)
     # traffic: what the formula says each rank receives and sends back, in both directions
     want = halo.traffic_bytes(case["pattern"], case["lens"], batch=case["B"], q_heads=case["Hq"],
-                              kv_heads=case["Hkv"], head_dim=case["D"], itemsize=4)
+                              kv_heads=case["Hkv"], head_dim=case["D"], itemsize=4,
+                              layout=case.get("layout", "contiguous"))
     for res in results:
         t, w = res["traffic"], want[res["cp_rank"]]
         assert t["forward_received"] == w == t["backward_sent"], (case["name"], res["cp_rank"], t, w)
@@ -280,6 +287,27 @@ def test_fetched_rows_formula():
     assert halo.fetched_rows("window=80", [20, 20, 20, 20, 20]) == [0, 20, 40, 60, 79]
     assert halo.exchange_plan(halo.needed_ranges("window=30", [20, 20, 20]), [20, 20, 20])[2] == [
         (0, 11, 20), (1, 20, 40), (2, 40, 60)]
+
+
+def test_head_tail_balances_dense_causal():
+    """Head-tail: rank r holds chunks r and 2P-1-r; every rank computes the same number of causal
+    (query, key) pairs, where contiguous slices give the last rank 2P-1 times the first's."""
+    lens = [64] * 4
+
+    def pairs(layout):   # per rank: sum over its queries of the keys at or before them
+        return [sum((hi * (hi + 1) - lo * (lo + 1)) // 2 for lo, hi in held) for held in halo.holdings(lens, layout)]
+    assert halo.holdings(lens, "head_tail") == [[(0, 32), (224, 256)], [(32, 64), (192, 224)],
+                                                [(64, 96), (160, 192)], [(96, 128), (128, 160)]]
+    assert len(set(pairs("head_tail"))) == 1
+    contiguous = pairs("contiguous")
+    assert contiguous[-1] > 6 * contiguous[0]
+    # the rows rank 1 fetches for dense causal: everything before its tail chunk's end, less its own
+    assert halo.fetched_rows("causal", lens, layout="head_tail") == [256 - 64, 224 - 64, 192 - 64, 160 - 64]
+    plan = halo.exchange_plan(halo.needed_ranges("causal", lens, layout="head_tail"), lens, "head_tail")
+    # in stacked local rows: rank 1's chunk 6 ([192, 224)) is its local rows [32, 64), i.e. [96, 128)
+    assert plan[1][-1] == (1, 96, 128) and plan[1][0] == (0, 0, 32)
+    with pytest.raises(ValueError, match="even"):
+        halo.holdings([32, 30], "head_tail")
 
 
 def test_replicated_when_rows_of_blocks_cannot_be_kept():
