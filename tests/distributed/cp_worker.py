@@ -183,9 +183,6 @@ def run_case(case: dict, rank: int, world: int, dtype, device):
             group = mesh
     if case.get("fsdp"):
         return run_fsdp_case(case, rank, mesh, dp, cp_rank)
-    lens = case["lens"]
-    s = sum(lens[:cp_rank])
-    e = s + lens[cp_rank]
     q, k, v, dout, bi = case_inputs(case, dtype, device, dp)
     hq = case.get("Hq_by_rank", {}).get(str(rank), case["Hq"])
     rank_dtype = getattr(torch, case.get("dtype_by_rank", {}).get(str(rank), str(dtype).replace("torch.", "")))
@@ -196,7 +193,7 @@ def run_case(case: dict, rank: int, world: int, dtype, device):
     if case.get("layout"):
         kwargs["layout"] = case["layout"]
     if case.get("pass_lens"):
-        kwargs["seq_lens"] = case.get("seq_lens_by_rank", {}).get(str(rank), lens)
+        kwargs["seq_lens"] = case.get("seq_lens_by_rank", {}).get(str(rank), case["lens"])
     pattern = case.get("pattern_by_rank", {}).get(str(rank), case["pattern"])
     fn = msa.context_parallel_attention
     if case.get("compile"):

@@ -7,6 +7,7 @@ then compares one case. Shapes are tiny: every rank runs the kernels in Triton's
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,11 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
 
-try:
-    import transformers  # noqa: F401
-    _HAVE_TRANSFORMERS = True
-except ImportError:
-    _HAVE_TRANSFORMERS = False
+_HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 def _case(name, pattern, lens, **kw):
