@@ -133,6 +133,16 @@ def test_errors_are_clear():
         model(x, position_ids=pos)
 
 
+def test_context_parallel_registration_errors():
+    # the Gloo run of a model over 3 ranks is tests/distributed/test_context_parallel.py::P3-hf_*
+    with pytest.raises(ValueError, match="mesh_dim"):
+        msa_hf.register("msa_cp_test", mesh_dim=0)
+    q = torch.randn(1, 4, 8, 16)
+    k = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="no padding"):   # checked before any collective
+        msa_hf.context_parallel_forward(torch.nn.Module(), q, k, k, torch.ones(1, 8, dtype=torch.bool), group=None)
+
+
 # ---- parity with the model's own attention --------------------------------------------------------
 
 def test_llama_matches_eager():

@@ -17,6 +17,7 @@ call and keeps its rows of the output; the gradients flow back the same way.
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -50,17 +51,40 @@ def resolve_group(group, mesh_dim=None):
     return group
 
 
-def _gather_meta(q, k, comm: Comm) -> list[list[int]]:
-    """Every rank's ``[N_local, B, Hq, Hkv, D, dtype code]``, one all-gather of six integers."""
-    b, hq, n, d = q.shape
-    mine = torch.tensor([n, b, hq, k.shape[1], d, _DTYPE_CODES.get(q.dtype, 0)], dtype=torch.int64, device=q.device)
+def _fingerprint(text: str) -> int:
+    """A stable small integer standing for ``text`` (the same on every rank), never 0."""
+    return zlib.crc32(text.encode()) + 1
+
+
+def _gather_meta(q, k, comm: Comm, *, failed: bool, pattern_fp: int, lens_fp: int) -> list[list[int]]:
+    """Every rank's ``[N_local, B, Hq, Hkv, D, dtype code, failed, pattern, seq_lens]``: one all-gather.
+
+    ``failed``: this rank's own argument checks raised; ``pattern`` / ``seq_lens``: fingerprints of
+    the pattern and of the ``seq_lens`` it was given (0: none given).
+    """
+    shapes = list(q.shape) if q.dim() == 4 else [-1] * 4
+    b, hq, n, d = shapes
+    hkv = k.shape[1] if k.dim() == 4 else -1
+    mine = torch.tensor([n, b, hq, hkv, d, _DTYPE_CODES.get(q.dtype, 0), int(failed), pattern_fp, lens_fp],
+                        dtype=torch.int64, device=q.device)
     out = [torch.empty_like(mine) for _ in range(comm.size)]
     dist.all_gather(out, mine, group=comm.group)
     return [t.tolist() for t in out]
 
 
-def _check_meta(meta: list[list[int]], seq_lens) -> list[int]:
-    """The slice lengths; a ValueError naming the ranks when shapes or dtypes disagree (raised on every rank)."""
+def _check_meta(meta: list[list[int]], seq_lens, me: int, local_error: Exception | None) -> list[int]:
+    """The slice lengths; else the error, raised on every rank alike (what one rank alone rejected,
+    shapes or dtypes that disagree, different patterns, a ``seq_lens`` that does not match)."""
+    def raise_failed(failed):
+        if local_error is not None:
+            raise local_error
+        raise ValueError(f"context_parallel_attention: rank{'s' if len(failed) > 1 else ''} "
+                         f"{', '.join(map(str, failed))} of the group rejected their arguments (their error says "
+                         f"why); no rank ran the call")
+
+    failed = [r for r, m in enumerate(meta) if m[6]]
+    if any(m[0] < 0 for m in meta):   # not a 4-dim tensor: its shape says nothing to compare
+        raise_failed(failed)
     names = ("batch size B", "query heads Hq", "key/value heads Hkv", "head dim D", "dtype")
     for col, name in enumerate(names, start=1):
         values = [m[col] for m in meta]
@@ -70,11 +94,20 @@ def _check_meta(meta: list[list[int]], seq_lens) -> list[int]:
                 values = [codes.get(x, "other") for x in values]
             raise ValueError(f"context_parallel_attention: every rank must pass the same {name}, got {values} "
                              f"(rank by rank)")
+    if failed:   # after the comparisons: a mismatch names every rank's value, which says more
+        raise_failed(failed)
+    if len({m[7] for m in meta}) > 1:
+        raise ValueError("context_parallel_attention: the ranks passed different patterns or layouts (every rank "
+                         "must pass the same ones)")
     lens = [m[0] for m in meta]
-    if seq_lens is not None:
-        given = [int(x) for x in seq_lens]
-        if given != lens:
-            raise ValueError(f"seq_lens={given} does not match the slices the ranks hold (lengths {lens})")
+    given = {m[8] for m in meta} - {0}
+    if given and given != {_fingerprint(repr(lens))}:
+        # every rank sees the same fingerprints, so every rank raises; the ranks whose seq_lens differ
+        wrong = [r for r, m in enumerate(meta) if m[8] not in (0, _fingerprint(repr(lens)))]
+        mine = f" (this rank's: {[int(x) for x in seq_lens]})" if me in wrong else ""
+        raise ValueError(f"context_parallel_attention: seq_lens on rank{'s' if len(wrong) > 1 else ''} "
+                         f"{', '.join(map(str, wrong))} does not match the slices the ranks hold (lengths {lens})"
+                         f"{mine}")
     if sum(lens) == 0:
         raise ValueError("context_parallel_attention: every rank holds zero tokens")
     return lens
@@ -82,7 +115,7 @@ def _check_meta(meta: list[list[int]], seq_lens) -> list[int]:
 
 def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group=None, seq_lens=None, *,
                                mesh_dim=None, scale: float | None = None, return_lse: bool = False,
-                               block_indices=None):
+                               block_indices=None, layout: str = "contiguous"):
     """Sparse attention over a sequence sharded in contiguous slices across a process group.
 
     Args:
@@ -96,6 +129,13 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
             from the one small all-gather every call makes.
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the float32 LSE ``(B, Hq, n_r)`` of this rank's queries.
+        layout: ``"contiguous"`` (default): rank r holds rows ``[start_r, start_r + n_r)``.
+            ``"head_tail"``: load balancing for causal attention: the sequence is cut into 2P
+            chunks of ``n_r / 2`` rows and rank r holds chunks r and ``2P - 1 - r`` back to back
+            (q, k, v and the output alike; every ``n_r`` the same even number; no random/topk
+            terms). Each rank then computes the same number of (query, key) pairs of a dense
+            causal pattern, where the contiguous layout gives the last rank ``2P - 1`` times the
+            first's; the K/V it fetches are the same all-gather-like rows (``halo.holdings``).
         block_indices: for ``topk=K``: the *global* int32 ``(B, Hkv, ceil(N / block), K)`` table, the
             same on every rank.
 
@@ -114,26 +154,43 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
         out.sum().backward()
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-dim tensor (B, H, n_r, D), got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    pattern = parse(pattern)
-    if pattern.msa_groups:   # raised on every rank alike, before any collective
-        raise ValueError(f"pattern {str(pattern)!r}: msa=T is not available in context_parallel_attention yet "
-                         f"(MSA's per-query selection reads every earlier key block); run msa_attention or "
-                         f"attention on the gathered sequence")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     comm = make_comm(resolve_group(group, mesh_dim))
-    # before any check that could fail on one rank only: a rank that raised here would leave the
-    # others waiting in the all-gather, while what differs between ranks fails on all of them
-    lens = _check_meta(_gather_meta(q, k, comm), seq_lens)
-    _check_inputs(q, k, v, scale, lengths_may_differ=False)
+    # A rank that raised before a collective would leave the others waiting in it: every check of
+    # this rank's own arguments is made first, its outcome goes into the one all-gather, and then
+    # every rank raises (the rank at fault its own error, the others one that names it).
+    local_error, pattern_fp = None, 0
+    try:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise ValueError(f"{name} must be a 4-dim tensor (B, H, n_r, D), got {tuple(t.shape)}")
+        pattern = parse(pattern)
+        if layout not in halo.LAYOUTS:
+            raise ValueError(f"layout must be one of {halo.LAYOUTS}, got {layout!r}")
+        pattern_fp = _fingerprint(f"{pattern}|{layout}")
+        if pattern.msa_groups:
+            raise ValueError(f"pattern {str(pattern)!r}: msa=T is not available in context_parallel_attention yet "
+                             f"(MSA's per-query selection reads every earlier key block); run msa_attention or "
+                             f"attention on the gathered sequence")
+        _check_inputs(q, k, v, scale, lengths_may_differ=False)
+        pattern.head_groups(q.shape[1])
+        lens_fp = 0 if seq_lens is None else _fingerprint(repr([int(x) for x in seq_lens]))
+    except (ValueError, TypeError) as exc:   # PatternError is a ValueError
+        local_error, lens_fp = exc, 0
+    meta = _gather_meta(q, k, comm, failed=local_error is not None, pattern_fp=pattern_fp, lens_fp=lens_fp)
+    lens = _check_meta(meta, seq_lens, comm.rank, local_error)
     b, hq, n_me, d = q.shape
-    pattern.head_groups(hq)   # a head-range mismatch raises here, on every rank alike
     off = halo.offsets(lens)
     n = off[-1]
     me = comm.rank
     scale = float(d ** -0.5 if scale is None else scale)
 
+    held = halo.holdings(lens, layout)   # head_tail with uneven slices raises here, on every rank alike
+    if layout != "contiguous" and (halo.replicated(pattern, lens, hq)
+                                   or any(s.topk for _, _, s in pattern.head_groups(hq))):
+        raise ValueError(f"layout={layout!r} does not take random or topk terms (pattern {str(pattern)!r}): "
+                         f"their blocks are rows of the contiguous sequence")
     if halo.replicated(pattern, lens, hq):
         whole = [[(0, n)] if ln else [] for ln in lens]
         plan = halo.exchange_plan(whole, lens)
@@ -147,12 +204,16 @@ def context_parallel_attention(q, k, v, pattern: str | Pattern = "causal", group
             return res[0][:, :, s:e], res[1][:, :, s:e]
         return res[:, :, s:e]
 
-    plan = halo.exchange_plan(halo.needed_ranges(pattern, lens, hq), lens)
+    needed = halo.needed_ranges(pattern, lens, hq, layout)
+    plan = halo.exchange_plan(needed, lens, layout)
     k_loc, v_loc = fetch([k, v], [plan, plan], off, comm)
     if n_me == 0:
         return _empty(q, k, v, return_lse)
-    q_pos = torch.arange(off[me], off[me + 1], device=q.device, dtype=torch.int32)
-    k_pos = torch.cat([torch.arange(lo, hi, device=q.device, dtype=torch.int32) for _, lo, hi in plan[me]])
+
+    def positions(ranges):
+        return torch.cat([torch.arange(lo, hi, device=q.device, dtype=torch.int32) for lo, hi in ranges])
+    q_pos = positions(held[me])
+    k_pos = positions(halo.plan_positions(needed, lens, layout)[me])
     local_bi = None
     if block_indices is not None:
         local_bi = _local_block_indices(pattern, hq, block_indices, off[me], n_me, k_loc.shape[2])

@@ -39,6 +39,32 @@ def offsets(seq_lens: list[int]) -> list[int]:
     return out
 
 
+LAYOUTS = ("contiguous", "head_tail")
+
+
+def holdings(seq_lens: list[int], layout: str = "contiguous") -> list[list[Range]]:
+    """Per rank, the global rows it holds, in the order of its local tensors.
+
+    ``"contiguous"``: rank r holds ``[offsets[r], offsets[r + 1])``. ``"head_tail"`` (load balancing
+    for causal attention): the sequence is cut into ``2P`` chunks of ``c = n_r / 2`` rows and rank r
+    holds chunks r and ``2P - 1 - r``, back to back; every ``n_r`` must be the same even number::
+
+        P = 2, N = 8 (c = 2):   rows   0 1 | 2 3 | 4 5 | 6 7
+                                rank   0 0 | 1 1 | 1 1 | 0 0     rank 0: [0, 2) + [6, 8)
+    """
+    off = offsets(seq_lens)
+    if layout == "contiguous":
+        return [[(off[r], off[r + 1])] if seq_lens[r] else [] for r in range(len(seq_lens))]
+    if layout != "head_tail":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    p = len(seq_lens)
+    if len(set(seq_lens)) != 1 or seq_lens[0] % 2:
+        raise ValueError(f"layout='head_tail' needs the same even number of rows on every rank (two chunks of "
+                         f"n_r / 2), got slice lengths {seq_lens}")
+    c = seq_lens[0] // 2
+    return [[(r * c, (r + 1) * c), ((2 * p - 1 - r) * c, (2 * p - r) * c)] if c else [] for r in range(p)]
+
+
 def union(ranges) -> list[Range]:
     """Sorted, disjoint, non-empty ranges covering the same rows as ``ranges``."""
     out: list[list[int]] = []
@@ -103,13 +129,14 @@ def _specs(pattern: str | Pattern, num_heads: int | None) -> list[Spec]:
     return [s for _, _, s in pat.head_groups(num_heads)]
 
 
-def needed_ranges(pattern: str | Pattern, seq_lens: list[int], num_heads: int | None = None) -> list[list[Range]]:
-    """Per rank, the key rows it needs (own slice included): the union over head groups."""
-    off = offsets(seq_lens)
-    n = off[-1]
+def needed_ranges(pattern: str | Pattern, seq_lens: list[int], num_heads: int | None = None,
+                  layout: str = "contiguous") -> list[list[Range]]:
+    """Per rank, the key rows it needs (own rows included): the union over head groups (and over
+    the chunks it holds)."""
+    n = sum(seq_lens)
     specs = _specs(pattern, num_heads)
-    return [union(r for s in specs for r in spec_ranges(s, off[i], off[i + 1], n))
-            for i in range(len(seq_lens))]
+    return [union(r for s in specs for lo, hi in held for r in spec_ranges(s, lo, hi, n))
+            for held in holdings(seq_lens, layout)]
 
 
 def split_by_owner(ranges: list[Range], off: list[int]) -> list[Segment]:
@@ -123,13 +150,39 @@ def split_by_owner(ranges: list[Range], off: list[int]) -> list[Segment]:
     return out
 
 
-def exchange_plan(needed: list[list[Range]], seq_lens: list[int]) -> list[list[Segment]]:
-    """Per rank, the segments of its local key tensor in row order, each with the rank that owns it."""
+def split_by_holder(ranges: list[Range], held: list[list[Range]], seq_lens: list[int]) -> list[tuple[int, int, int, int]]:
+    """``ranges`` (global rows) cut by who holds them: ``(owner, lo, hi, at)`` in global row order,
+    ``at`` being where row ``lo`` sits in the owner's stacked rows (``offsets(seq_lens)[owner]`` + its
+    index in the owner's local tensor)."""
     off = offsets(seq_lens)
-    return [split_by_owner(r, off) for r in needed]
+    pieces = []
+    for owner, chunks in enumerate(held):
+        base = off[owner]
+        for clo, chi in chunks:
+            for lo, hi in ranges:
+                a, b = max(lo, clo), min(hi, chi)
+                if a < b:
+                    pieces.append((a, b, owner, base + a - clo))
+            base += chi - clo
+    return [(owner, a, b, at) for a, b, owner, at in sorted(pieces)]
 
 
-def fetched_rows(pattern: str | Pattern, seq_lens: list[int], num_heads: int | None = None) -> list[int]:
+def exchange_plan(needed: list[list[Range]], seq_lens: list[int], layout: str = "contiguous") -> list[list[Segment]]:
+    """Per rank, the segments of its local key tensor in global row order, each with the rank that
+    owns it: ``(owner, lo, hi)`` in *stacked local rows* (rank r's local row i is ``offsets[r] + i``),
+    which are the global rows for the contiguous layout. ``exchange.fetch`` moves rows by these."""
+    held = holdings(seq_lens, layout)
+    return [[(owner, at, at + b - a) for owner, a, b, at in split_by_holder(r, held, seq_lens)] for r in needed]
+
+
+def plan_positions(needed: list[list[Range]], seq_lens: list[int], layout: str = "contiguous") -> list[list[Range]]:
+    """Per rank, the global rows of the segments of ``exchange_plan`` (the same order): its keys' positions."""
+    held = holdings(seq_lens, layout)
+    return [[(a, b) for _, a, b, _ in split_by_holder(r, held, seq_lens)] for r in needed]
+
+
+def fetched_rows(pattern: str | Pattern, seq_lens: list[int], num_heads: int | None = None,
+                 layout: str = "contiguous") -> list[int]:
     """Per rank, how many K/V rows it receives from other ranks in the forward (= sends back in the backward).
 
     The halo formula: for ``window=W,dilation=d`` alone, rank r with slice ``[s, e)`` of ``N`` rows
@@ -140,18 +193,18 @@ def fetched_rows(pattern: str | Pattern, seq_lens: list[int], num_heads: int | N
     if replicated(pattern, seq_lens, num_heads):
         needed = [[(0, sum(seq_lens))] if n else [] for n in seq_lens]
     else:
-        needed = needed_ranges(pattern, seq_lens, num_heads)
-    plan = exchange_plan(needed, seq_lens)
+        needed = needed_ranges(pattern, seq_lens, num_heads, layout)
+    plan = exchange_plan(needed, seq_lens, layout)
     return [sum(hi - lo for owner, lo, hi in segs if owner != r) for r, segs in enumerate(plan)]
 
 
 def traffic_bytes(pattern: str | Pattern, seq_lens: list[int], *, batch: int, q_heads: int, kv_heads: int,
-                  head_dim: int, itemsize: int) -> list[int]:
+                  head_dim: int, itemsize: int, layout: str = "contiguous") -> list[int]:
     """Per rank, the bytes it receives in the forward (K and V rows; and q rows when replicated).
 
     The backward sends the same number of bytes back (the gradients of those rows).
     """
-    rows = fetched_rows(pattern, seq_lens, q_heads)
+    rows = fetched_rows(pattern, seq_lens, q_heads, layout)
     per_row = batch * head_dim * itemsize * 2 * kv_heads
     if replicated(pattern, seq_lens, q_heads):
         per_row += batch * head_dim * itemsize * q_heads

@@ -43,6 +43,7 @@ mode transformers reads the position ids itself and no setting is needed.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from typing import NamedTuple
@@ -74,13 +75,27 @@ def _transformers():
     return transformers
 
 
-def register(name: str = NAME) -> None:
-    """Register ``attn_implementation=name`` (default ``"msa"``) with transformers. Idempotent."""
+def register(name: str = NAME, *, context_parallel_group=None, mesh_dim=None) -> None:
+    """Register ``attn_implementation=name`` (default ``"msa"``) with transformers. Idempotent.
+
+    ``context_parallel_group``: run every attention layer of models with this implementation as
+    ``msa_codegen.context_parallel_attention`` over that group (a ProcessGroup,
+    ``torch.distributed.group.WORLD``, a DeviceMesh with ``mesh_dim``, or a ``(DeviceMesh, dim)``
+    pair). Each rank then feeds the model its contiguous slice of the sequence, with
+    ``position_ids`` holding the slice's global positions; see ``context_parallel_forward``.
+    Register under another name (``"msa_cp"``) to keep the plain ``"msa"`` as well.
+    """
     _transformers()
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, attention_forward)
+    if context_parallel_group is None:
+        if mesh_dim is not None:
+            raise ValueError("msa: mesh_dim is only meaningful with a context_parallel_group")
+        AttentionInterface.register(name, attention_forward)
+    else:
+        group = msa_codegen.distributed.resolve_group(context_parallel_group, mesh_dim)
+        AttentionInterface.register(name, functools.partial(context_parallel_forward, group=group))
     AttentionMaskInterface.register(name, mask_forward)
 
 
@@ -342,4 +357,35 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                          f"ready-made 4D masks are not supported")
 
     out = msa_codegen.attention(query, key, value, pattern, **run)
+    return out.transpose(1, 2), None
+
+
+def context_parallel_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask, dropout: float = 0.0, scaling: float | None = None, *, group,
+                             **kwargs):
+    """transformers' attention hook for a name registered with ``context_parallel_group``.
+
+    q ``(B, Hq, n_r, D)``, k/v ``(B, Hkv, n_r, D)``: this rank's contiguous slice of the sequence
+    (rank r of ``group`` holds the r-th slice); returns ``((B, n_r, Hq, D), None)``, this rank's rows
+    of the layer's pattern over the whole sequence. Training and full-sequence forwards only: the
+    model must be called with ``position_ids`` = the slice's global positions (``arange(start,
+    end)``: rotary embeddings use them, and a model called without them numbers every slice from
+    0) and without an attention mask, packed sequences or a KV cache, which raise.
+    """
+    if dropout:
+        raise ValueError(f"msa: attention dropout ({dropout}) is not supported; set the config's attention_dropout "
+                         f"to 0 for training with attn_implementation='msa' (it is only applied in training mode)")
+    for kw in ("softcap", "s_aux"):
+        if kwargs.get(kw) is not None:
+            raise ValueError(f"msa: {kw} is not supported (this model's attention needs it)")
+    if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
+        raise ValueError("msa: bidirectional (non-causal) attention layers are not supported")
+    if attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None \
+            or kwargs.get("cu_seq_lens_k") is not None or query.shape[2] != key.shape[2]:
+        raise ValueError("msa (context parallel): only whole sequences split in slices are supported: no padding "
+                         "mask, packed sequences (position_ids that restart, cu_seq_lens_*) or KV cache. Under "
+                         "torch.compile set config.msa_packed_sequences = False (transformers cannot read "
+                         "position_ids while compiling and would otherwise ask for the packed route)")
+    pattern = _module_pattern(module, kwargs)
+    out = msa_codegen.context_parallel_attention(query, key, value, pattern, group=group, scale=scaling)
     return out.transpose(1, 2), None
