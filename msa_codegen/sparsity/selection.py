@@ -11,8 +11,6 @@ definition is ``reference.select_blocks_reference``.
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 __all__ = ["select_blocks", "hash_sort"]
@@ -21,18 +19,12 @@ __all__ = ["select_blocks", "hash_sort"]
 #: for 176 KiB of shared memory on sm_90, Triton 3.6; 2048 would not fit in its 227)
 MAX_SLOTS = 1024
 
-_module = None
-
 
 def _kernels():
     """The kernel module, imported on first use (TRITON_INTERPRET is read when kernels are defined)."""
-    global _module
-    if _module is None:
-        from ..kernels.render import interpreter_compat
+    from ..kernels.render import load_kernels
 
-        interpreter_compat()
-        _module = importlib.import_module(".select_kernels", __package__)
-    return _module
+    return load_kernels(".select_kernels", __package__)
 
 
 def _cdiv(a: int, b: int) -> int:
