@@ -16,7 +16,7 @@ import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
 from msa_codegen.pattern.reference import relative_error
 
-from helpers import bucket_inputs, check_dynamic, docs_inputs, pos_inputs, rel_err, topk_inputs, with_topk
+from helpers import bucket_inputs, check_dynamic, run_sm90_script, docs_inputs, pos_inputs, rel_err, topk_inputs, with_topk
 
 
 def test_spec_topk_terms():
@@ -454,19 +454,7 @@ def test_torch_compile_and_opcheck(device):
         "tma-dilated-sink-scratch"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests compile them for the real device")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["MSA_CODEGEN_HOME"] = str(tmp_path)
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # aot_check.py lives in tests/
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(tests), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, os.path.join(tests, "aot_check.py"), pattern, *flags], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
 
 

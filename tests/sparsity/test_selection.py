@@ -7,16 +7,14 @@ kernel ranks float32 scores, the reference float64 ones): position by position, 
 scores of the chosen blocks agree within a tolerance, and the -1 slots agree exactly. Integer
 inputs make every score exact in both, so there the indices, ties included, must be equal.
 """
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import msa_codegen as msa
 from msa_codegen.sparsity import selection
 from msa_codegen.sparsity.reference import block_means_reference, block_scores_reference, select_blocks_reference
+
+from helpers import run_sm90_script
 
 
 def assert_selects_like_reference(idx, q, k, topk, block, causal, rtol=1e-5):
@@ -117,14 +115,7 @@ def test_too_many_slots(monkeypatch):
 def test_kernels_compile_for_sm90():
     """Both kernels through Triton's GPU compiler (sm_90, bundled ptxas) with the launchers'
     parameters, within shared memory; no GPU needed."""
-    pytest.importorskip("triton.backends.nvidia")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests compile them for the real device")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, os.path.join(root, "tests", "sparsity", "aot_select.py")], env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = run_sm90_script("sparsity/aot_select.py", timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 
 
