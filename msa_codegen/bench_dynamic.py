@@ -10,6 +10,14 @@ the uncompacted / unsorted sequence) compute a different, dense mask: they are t
 baseline the methods are meant to beat, compared for time only. Rows are printed and appended
 to the CSV of msa-bench (no TFLOP/s: the attended pairs of data-dependent masks are not
 counted here). Preprocessing (hash_sort, select_blocks, compaction) is outside the timed region.
+
+The top-k cases add a ``select_blocks`` row: its time (same do_bench), its extra peak memory (the
+peak above what was allocated before the call), its share of our top-k forward, and how many
+query blocks of KV head 0 it selects exactly as the float64 definition does
+(``sparsity.reference``; near-ties may swap). Issue 19's bar: under 10% of the forward, O(N * K)
+extra memory::
+
+    python -m msa_codegen.bench_dynamic --cases topk16,topk16-1m
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from .api import attention
 from .bench import _peak, _rel, _time, bench_main, label_rows
 from .pattern.spec import parse
 from .sparsity.inputs import CHECKED
+from .sparsity.reference import select_blocks_reference
 from .sparsity.selection import hash_sort, select_blocks
 
 
@@ -46,6 +55,7 @@ CASES = [
     DynCase("hash8-16k", "hash", "causal", 16384),
     DynCase("qk-sparse-30", "qk", "causal", 32768),
     DynCase("topk16", "topk", "topk=16", 131072),
+    DynCase("topk16-1m", "topk", "topk=16", 1048576),
 ]
 
 
@@ -242,13 +252,47 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
+    if case.kind == "topk":
+        rows.append(select_row(case, dtype, reps_ms, results.get("msa_codegen")))
     label_rows(rows, case, results, dtype)
     return rows
+
+
+def select_row(case: DynCase, dtype, reps_ms: int, ours=None) -> dict:
+    """select_blocks on the case's shapes: time, extra peak GiB, share of our forward, agreement."""
+    try:
+        spec = parse(case.pattern).groups[0].spec
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(1, case.hq, case.n, case.d, device="cuda", generator=g).to(dtype)
+        k = torch.randn(1, case.hkv, case.n, case.d, device="cuda", generator=g).to(dtype)
+
+        def run():
+            return select_blocks(q, k, spec.topk, block=spec.block)
+        idx = run()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        idx = run()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - before) / 2**30
+        ms = _time(run, reps_ms)
+        group = case.hq // case.hkv
+        ref = select_blocks_reference(q[:, :group], k[:, :1], spec.topk, spec.block)
+        agree = (idx[:, :1] == ref).all(-1).float().mean().item()
+        share = f"{100 * ms / ours[0]:.1f}% of our top-k forward ({ours[0]:.3f} ms)" if ours else "no forward time"
+        note = (f"select_blocks top-{spec.topk} of {spec.block}-blocks: {share}; extra peak {extra:.3f} GiB; "
+                f"{100 * agree:.2f}% of KV head 0's query blocks as the float64 reference")
+        status = "ok" if agree >= 0.99 else f"failed: {100 * agree:.2f}% of rows as the float64 reference"
+        return dict(impl="select_blocks", fwd_ms=ms, peak_gib=extra, status=status, note=note)
+    except Exception as e:   # reported, never silently dropped
+        return dict(impl="select_blocks", status=f"failed: {type(e).__name__}: {e}"[:200])
 
 
 def _fmt(r) -> str:
     if r.get("status") != "ok":
         return f"{r['impl']:18s} {r.get('status')}"
+    if r["impl"] == "select_blocks":
+        return f"{r['impl']:18s} time {r['fwd_ms']:7.3f} ms | extra peak {r['peak_gib']:6.3f} GiB | {r['note']}"
     s = f"{r['impl']:18s} fwd {r['fwd_ms']:8.3f} ms | fwd+bwd {r['fwdbwd_ms']:8.3f} ms | peak {r['peak_gib']:6.2f} GiB"
     if "ratio_fwd" in r:
         s += f" | ours/peer fwd {r['ratio_fwd']:.3f} fwd+bwd {r['ratio_fwdbwd']:.3f}"

@@ -1,8 +1,12 @@
 """Shared by the kernel tests: inputs, error metric, the check against the fp64 oracle."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
+import pytest
 import torch
 
 import msa_codegen as msa
@@ -272,3 +276,17 @@ def bucket_inputs(nb=3, with_pos=False):
             out.update(q_pos=qp, k_pos=kp)
         return out
     return make
+
+
+def run_sm90_script(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """``python tests/ARGS...`` in a process without TRITON_INTERPRET (the sm_90 compile checks:
+    the GPU compiler with its bundled ptxas, no GPU needed); skips where they cannot run."""
+    pytest.importorskip("triton.backends.nvidia")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests compile them for the real device")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full["PYTHONPATH"] = os.pathsep.join([os.path.dirname(tests), full.get("PYTHONPATH", "")])
+    full.update(env or {})
+    return subprocess.run([sys.executable, os.path.join(tests, args[0]), *args[1:]], env=full,
+                          capture_output=True, text=True, timeout=timeout)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import importlib.util
 import io
 import os
@@ -218,6 +219,13 @@ def interpreter_compat() -> tuple[str, ...]:
         interpreter._patch_lang_tensor = patch_tensor_squeezing
         applied.append("index_squeeze")
     return tuple(applied)
+
+
+def load_kernels(name: str, package: str):
+    """A module of hand-written ``@triton.jit`` kernels, imported on first use (``TRITON_INTERPRET``
+    is read when kernels are defined), after the interpreter fixes above."""
+    interpreter_compat()
+    return importlib.import_module(name, package)
 
 
 def _version(text: str) -> tuple[int, ...]:

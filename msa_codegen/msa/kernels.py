@@ -8,7 +8,8 @@ Selection (``msa_select_kernel``): one program per (query tile, batch x proxy he
 blocks up to its own, scores each block by the max of its visible proxy scores, and keeps a
 running top-K per query row in registers. A candidate is one int64 key: the score's
 order-preserving int32 bits above ``0x7FFFFFFF - block``, so that one integer comparison orders
-by score and, among equal scores, prefers the lower block. Nothing N x N or N x N/block is stored.
+by score and, among equal scores, prefers the lower block (the keys of ``select_blocks``,
+``sparsity.select_kernels``). Nothing N x N or N x N/block is stored.
 
 Main attention (``msa_fwd_kernel``, ``msa_bwd_kernel``): key-block centred. A reverse index lists,
 for every (batch, proxy head, key block), the queries that selected it; work items cut the lists
@@ -22,6 +23,8 @@ teaching gradient is fused there, from the probabilities the backward computes a
 """
 import triton
 import triton.language as tl
+
+from ..sparsity.select_kernels import EMPTY, key_index, own_key, score_key
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -59,9 +62,8 @@ def msa_select_kernel(QP, KP, DSTART, IDX,
     o_s = tl.arange(0, BLOCK_K)
     # [BLOCK_M, BLOCK_K] int64 candidate keys: empty slots hold the smallest int64 and lose to any
     # real block; the padding slots past K hold the largest and are never replaced
-    empty = tl.full([BLOCK_M, BLOCK_K], -9223372036854775807 - 1, tl.int64)
+    empty = tl.full([BLOCK_M, BLOCK_K], EMPTY, tl.int64)
     top = tl.where(o_s[None, :] < K, empty, tl.full([BLOCK_M, BLOCK_K], 9223372036854775807, tl.int64))
-    own_hi = tl.full([BLOCK_M], 0x7FFFFFFF, tl.int64) << 32
     p_k0 = KP + i_b * s_kb + i_pk * s_kh
     for kb in range(kb_lo, kb_own + 1):
         o_n = kb * BLOCK + tl.arange(0, BLOCK)
@@ -70,22 +72,17 @@ def msa_select_kernel(QP, KP, DSTART, IDX,
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * scale
         m_s = (o_n[None, :] <= o_m[:, None]) & (o_n[None, :] >= b_start[:, None])
         b_s = tl.where(m_s, b_s, float("-inf"))
-        # [BLOCK_M] the block's score per row; -0.0 counts as +0.0 (a tie, not a smaller key)
+        # [BLOCK_M] the block's score per row
         b_max = tl.max(b_s, axis=1)
-        b_max = tl.where(b_max == 0.0, 0.0, b_max)
-        bits = b_max.to(tl.int32, bitcast=True)
-        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-        low = tl.full([BLOCK_M], 0x7FFFFFFF, tl.int64) - kb
-        key = (ordered.to(tl.int64) << 32) | low
-        key = tl.where(b_max > float("-inf"), key, -9223372036854775807 - 1)
+        key = score_key(b_max, kb)
         # the own block always wins a slot
-        key = tl.where(kb == kb_own, own_hi | low, key)
+        key = tl.where(kb == kb_own, own_key(key), tl.where(b_max > float("-inf"), key, EMPTY))
         # replace the row's smallest key (its first slot when several are empty) if the new one is larger
         b_min = tl.min(top, axis=1)
         slot = tl.min(tl.where(top == b_min[:, None], o_s[None, :], BLOCK_K), axis=1)
         top = tl.where((o_s[None, :] == slot[:, None]) & (key > b_min)[:, None], key[:, None], top)
-    m_ok = (top > -9223372036854775807 - 1) & (o_s[None, :] < K)
-    b_blk = (0x7FFFFFFF - (top & 0xFFFFFFFF)).to(tl.int32)
+    m_ok = (top > EMPTY) & (o_s[None, :] < K)
+    b_blk = key_index(top)
     # ascending block ids, unused slots (-1) last
     b_blk = tl.sort(tl.where(m_ok, b_blk, 0x3FFFFFFF), dim=1)
     b_blk = tl.where(b_blk == 0x3FFFFFFF, -1, b_blk)

@@ -8,13 +8,12 @@ the teaching signal on those items.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import dataclass
 
 import torch
 
 from ..config import length_bucket
-from ..kernels.render import interpreter_compat
+from ..kernels.render import load_kernels
 from ..kernels.schedule import block_d, cdiv, dot_precision
 from ..pattern.spec import parse
 from ..tuning import lookup as tuning_lookup
@@ -28,7 +27,6 @@ ITEM_ENTRIES = 256
 FWD_ROWS = 128
 BWD_ROWS = 64
 
-_module = None
 
 
 @dataclass(frozen=True)
@@ -147,11 +145,7 @@ def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
 
 def kernels():
     """The kernel module, imported on first use (TRITON_INTERPRET is read when kernels are defined)."""
-    global _module
-    if _module is None:
-        interpreter_compat()
-        _module = importlib.import_module(".kernels", __package__)
-    return _module
+    return load_kernels(".kernels", __package__)
 
 
 def _pow2(n: int) -> int:

@@ -1,12 +1,13 @@
 """Data-dependent selection helpers that produce the run-time inputs of ``attention``.
 
-- ``select_blocks``: MoBA/NSA-style gating, key blocks per query block for ``topk=K``.
+- ``select_blocks``: MoBA/NSA-style gating, key blocks per query block for ``topk=K``; two Triton
+  kernels (``select_kernels``): the block means, then a running top-K per query block.
 - ``hash_sort``: LSH buckets (random rotations, argmax over ``[xR, -xR]``) and the sort by
-  bucket that SCFA's Hash-sparse attention runs on.
+  bucket that SCFA's Hash-sparse attention runs on; plain PyTorch.
 
-Both are plain PyTorch; no gradient flows through them. ``select_blocks`` reads q and k once and
-holds, beyond its output, the pooled blocks (O(N / block * D)) and one chunk of block scores
-(``SCORE_ELEMS``).
+No gradient flows through them. ``select_blocks`` reads q and k once and holds, beyond its
+output (O(N / block * K)), the pooled blocks (O(N / block * D), float32); its plain PyTorch
+definition is ``reference.select_blocks_reference``.
 """
 from __future__ import annotations
 
@@ -14,12 +15,24 @@ import torch
 
 __all__ = ["select_blocks", "hash_sort"]
 
-#: scores held at once by select_blocks (its query blocks are processed in chunks)
-SCORE_ELEMS = 1 << 24
+#: most blocks kept per query block: the running top lives in registers (W=1024 at D=256 asks
+#: for 176 KiB of shared memory on sm_90, Triton 3.6; 2048 would not fit in its 227)
+MAX_SLOTS = 1024
+
+
+def _kernels():
+    """The kernel module, imported on first use (TRITON_INTERPRET is read when kernels are defined)."""
+    from ..kernels.render import load_kernels
+
+    return load_kernels(".select_kernels", __package__)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def _check_x(name: str, x) -> None:
@@ -31,22 +44,61 @@ def _check_x(name: str, x) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
 
 
-def _block_means(x: torch.Tensor, block: int) -> torch.Tensor:
-    """(B, H, N, D) -> (B, H, ceil(N / block), D) float32 means over blocks (the last one may be short).
+def _check_device(x: torch.Tensor) -> None:
+    """select_blocks' kernels run on CUDA, or on the CPU in Triton's interpreter."""
+    from ..kernels.render import interpreting
 
-    The sums accumulate in float32 inside the reduction (``sum(dtype=...)``) over a view of x:
-    no float32 or padded copy of x is made, so the extra memory is that of the result. (A copy
-    of q in float32, padded, was 2.3 GiB of select_blocks' peak at N=131072, H=16, D=128.)
+    if x.device.type == "cpu" and not interpreting():
+        raise ValueError("select_blocks got CPU tensors, but its kernels run on CUDA: move q and k to a GPU, or "
+                         "set TRITON_INTERPRET=1 before msa_codegen loads its kernels (Triton's interpreter; slow) "
+                         "or use msa_codegen.sparsity.reference.select_blocks_reference (plain PyTorch)")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {x.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+
+
+def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
+    """(B, H, N, D) -> (B, H / group, ceil(N / block), D) float32: the mean over each block's rows (the
+    last block may be short) and over each run of ``group`` consecutive heads.
+
+    One kernel reads x once, in its own dtype, and sums in float32: no float32 or padded copy of
+    x is made, so the extra memory is that of the result. (A float32 padded copy of q was 2.3 GiB
+    of select_blocks' peak at N=131072, H=16, D=128, per issue 19.)
     """
     b, h, n, d = x.shape
-    full = n // block
-    parts = []
-    if full:
-        parts.append(x[:, :, :full * block].reshape(b, h, full, block, d).sum(3, dtype=torch.float32) / block)
-    if n % block:
-        tail = x[:, :, full * block:]
-        parts.append(tail.sum(2, keepdim=True, dtype=torch.float32) / tail.shape[2])
-    return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    nb, ho = _cdiv(n, block), h // group
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(b, ho, nb, d, dtype=torch.float32, device=x.device)
+    if out.numel():
+        _kernels().block_means_kernel[(nb, b * ho)](x, out, x.stride(0), x.stride(1), x.stride(2), n, nb, ho,
+                                                     **_means_meta(d, block, group))
+    return out
+
+
+def _means_meta(d: int, block: int, group: int) -> dict:
+    """The block-means kernel's constexprs and launch options: rows summed BLOCK_R at a time."""
+    return dict(G=group, D=d, BLOCK_D=max(16, _pow2(d)), BLOCK=block, BLOCK_R=min(64, max(16, _pow2(block))),
+                num_warps=4)
+
+
+def _select_meta(d: int, slots: int, causal: bool) -> dict:
+    """The selection kernel's constexprs and launch options for ``slots`` kept keys per row.
+
+    W (kept keys and candidates per step) is the power of two >= slots, at least 16 (tl.dot's
+    smallest N). The running top and the tile's keys are [BLOCK_M, W] int64 in registers, so
+    fewer rows per program as W grows. Scores are full float32 products (``ieee``): the
+    ranking is that of float32 arithmetic, not of tf32's 10-bit mantissas.
+    """
+    w = max(16, _pow2(slots))
+    block_d = max(16, _pow2(d))
+    # sm_90, Triton 3.6, ptxas -v (2026-12, offline): no spills with these rows and warps; W=32
+    # with 4 warps spilled 1.8 KB, W=64 with 4 warps 2.5 KB
+    block_m = 64 if w <= 32 else 32 if w <= 64 else 16
+    # the pooled keys' float32 tile [BLOCK_N, BLOCK_D] within 32 KiB of shared memory (K=256 at
+    # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
+    block_n = max(16, min(w, 8192 // block_d))
+    return dict(D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="ieee",
+                num_warps=4 if w <= 16 else 8, num_stages=2)
 
 
 @torch.no_grad()
@@ -54,8 +106,8 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     """Key blocks for the ``topk=K`` term, scored by mean-pooled keys against mean-pooled queries.
 
     Args:
-        q: ``(B, Hq, N, D)``; the queries of a KV head's GQA group and of a query block are
-            averaged into one vector.
+        q: ``(B, Hq, N, D)`` float (fp32, fp16, bf16); the queries of a KV head's GQA group and of
+            a query block are averaged into one vector (float32).
         k: ``(B, Hkv, N, D)``, Hq a multiple of Hkv; each key block is averaged into one vector.
         topk: K >= 1, slots per query block.
         block: block size, the ``block=`` of the pattern (default 128).
@@ -63,8 +115,14 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
 
     Returns:
         int32 ``(B, Hkv, ceil(N / block), K)``: per query block, its own block (always kept) and
-        the highest-scoring other candidates, best first; -1 where fewer than K blocks are
-        candidates. Pass it as ``block_indices`` with the pattern term ``topk=K,block=...``.
+        the highest-scoring other candidates, best first; among equal scores the lower block
+        first; -1 where fewer than K blocks are candidates. Pass it as ``block_indices`` with
+        the pattern term ``topk=K,block=...``. Scores are float32 dot products of the float32
+        means (``reference.select_blocks_reference`` is the plain PyTorch definition).
+
+    Runs on CUDA (or in Triton's interpreter on the CPU); keeps at most ``MAX_SLOTS`` (1024)
+    blocks per query block. Extra memory beyond the output: the
+    pooled vectors, ``2 * B * Hkv * ceil(N / block) * D`` float32; nothing N x N / block.
 
     Example::
 
@@ -82,22 +140,22 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     hkv = k.shape[1]
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads must be a multiple of key heads, got Hq={hq}, Hkv={hkv}")
+    if k.device != q.device:
+        raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
+    _check_device(q)
     nb = _cdiv(n, block)
-    qm = _block_means(q, block).view(b, hkv, hq // hkv, nb, d).mean(2)   # (B, Hkv, nb, D)
-    km = _block_means(k, block)                                        # (B, Hkv, nb, D)
-    kk = min(topk, nb)
+    if min(topk, nb) > MAX_SLOTS:
+        raise ValueError(f"select_blocks keeps at most {MAX_SLOTS} blocks per query block, got topk={topk} "
+                         f"with {nb} blocks of {block}: use a larger block")
     out = torch.full((b, hkv, nb, topk), -1, dtype=torch.int32, device=q.device)
-    cols = torch.arange(nb, device=q.device)
-    # query blocks in chunks: the scores stay O(chunk * nb) per head (N = 1M, block 128: nb = 8192)
-    chunk = max(1, min(nb, SCORE_ELEMS // max(1, b * hkv * nb)))
-    for r0 in range(0, nb, chunk):
-        rows = torch.arange(r0, min(nb, r0 + chunk), device=q.device)
-        score = qm[:, :, rows] @ km.transpose(-1, -2)                 # (B, Hkv, rows, nb)
-        if causal:
-            score = score.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
-        score[..., torch.arange(len(rows), device=q.device), rows] = float("inf")   # the own block is always kept
-        val, idx = score.topk(kk, dim=-1)
-        out[:, :, rows, :kk] = torch.where(val == float("-inf"), -1, idx).to(torch.int32)
+    if out.numel() == 0:
+        return out
+    qm = _block_means(q, block, hq // hkv)                             # (B, Hkv, nb, D)
+    km = _block_means(k, block)                                        # (B, Hkv, nb, D)
+    # a row has at most nb candidates: slots past them stay -1
+    meta = _select_meta(d, min(topk, nb), causal)
+    grid = (_cdiv(nb, meta["BLOCK_M"]), b * hkv)
+    _kernels().block_select_kernel[grid](qm, km, out, nb, min(topk, meta["W"]), topk, **meta)
     return out
 
 

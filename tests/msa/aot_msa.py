@@ -5,6 +5,8 @@ interpreter accepts what the GPU compiler rejects (non-constexpr globals, loop-c
 and knows no shared-memory limit; this checks both, for the head layouts and head dims the
 launchers treat differently. Prints one line per kernel; exits non-zero on the first failure.
 """
+from __future__ import annotations
+
 import sys
 
 import torch
@@ -21,14 +23,18 @@ _FLOATS = ("qk_scale", "pk_scale", "scale", "p_scale")
 _INTS = ("N", "NBLK", "HKV", "HPK", "n_items")
 
 
-def compile_sm90(kern, meta: dict):
+def compile_sm90(kern, meta: dict, types: dict | None = None):
+    """``kern`` for sm_90 with ``meta``'s constexprs and options; ``types`` overrides an
+    argument's type by name (by default: the MSA launchers' names)."""
     sig, consts, attrs = {}, {}, {}
-    options = {k: meta[k] for k in ("num_warps", "num_stages")}
+    options = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
     for i, name in enumerate(kern.arg_names):
         if kern.params[i].is_constexpr:
             sig[name] = "constexpr"
             consts[(i,)] = meta[name]
             continue
+        elif types and name in types:
+            sig[name] = types[name]
         elif name in _BF16:
             sig[name] = "*bf16"
         elif name in _I32_PTRS:
@@ -62,13 +68,20 @@ def main():
                  for with_out, with_kl in ((True, False), (True, True), (False, True))]
         bwd = launch.bwd_meta(heads, d, dp, block, n_sel, True, False, torch.bfloat16)
         jobs += [(k.msa_bwd_kernel, dict(bwd, MAIN=True, WITH_KL=True))]
-        for kern, meta in jobs:
-            smem = compile_sm90(kern, meta).metadata.shared
-            print(f"{kern.__name__} H={h}/{hkv} Hp={hp}/{hpk} D={d} Dp={dp} block={block}: {smem} B shared")
-            if smem > SMEM_LIMIT:
-                print(f"over the {SMEM_LIMIT} B of sm_90", file=sys.stderr)
-                return 1
+        if not within_shared(jobs, f"H={h}/{hkv} Hp={hp}/{hpk} D={d} Dp={dp} block={block}"):
+            return 1
     return 0
+
+
+def within_shared(jobs, label: str = "", types: dict | None = None) -> bool:
+    """Compile each ``(kernel, meta)``, print its shared memory; False at the first over sm_90's."""
+    for kern, meta, *own in jobs:
+        smem = compile_sm90(kern, meta, types).metadata.shared
+        print(f"{kern.__name__} {own[0] if own else label}: {smem} B shared")
+        if smem > SMEM_LIMIT:
+            print(f"over the {SMEM_LIMIT} B of sm_90", file=sys.stderr)
+            return False
+    return True
 
 
 if __name__ == "__main__":

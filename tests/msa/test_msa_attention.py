@@ -16,6 +16,8 @@ import torch
 import msa_codegen as msa
 from msa_codegen.msa import reference_select
 
+from helpers import run_sm90_script
+
 
 def grid(*shape, device="cpu", dtype=torch.float32):
     return (torch.randint(-4, 5, shape, device=device).to(dtype) / 4)
@@ -163,18 +165,7 @@ def test_bad_types():
 def test_kernels_compile_for_sm90(tmp_path):
     """The kernels through Triton's GPU compiler (sm_90, bundled ptxas) with the launchers' tile
     sizes, within shared memory; no GPU needed."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests compile them for the real device")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, os.path.join(root, "tests", "msa", "aot_msa.py")], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = run_sm90_script("msa/aot_msa.py")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 
 

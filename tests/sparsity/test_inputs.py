@@ -1,5 +1,6 @@
 """Run-time sparsity inputs (msa_codegen.sparsity.inputs; issue 5): cu_seqlens, q_pos/k_pos,
-q_bucket/k_bucket, topk + block_indices, and the selection helpers (sparsity.selection).
+q_bucket/k_bucket, topk + block_indices, and hash_sort (sparsity.selection; select_blocks has
+test_selection.py).
 
 The kernels (Triton's interpreter on the CPU) are checked against the oracle: output, LSE, dq,
 dk, dv; the cases marked ``gpu`` run larger shapes in fp16/bf16, against the dense fp64
@@ -15,7 +16,7 @@ import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
 from msa_codegen.pattern.reference import relative_error
 
-from helpers import bucket_inputs, check_dynamic, docs_inputs, pos_inputs, rel_err, topk_inputs, with_topk
+from helpers import bucket_inputs, check_dynamic, run_sm90_script, docs_inputs, pos_inputs, rel_err, topk_inputs, with_topk
 
 
 def test_spec_topk_terms():
@@ -28,63 +29,6 @@ def test_spec_topk_terms():
                       ("block=64", "random or topk")]:
         with pytest.raises(msa.PatternError, match=frag):
             msa.parse(bad)
-
-
-def test_select_blocks():
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 100, 16, generator=gen)
-    k = torch.randn(2, 2, 100, 16, generator=gen)
-    idx = msa.select_blocks(q, k, 3, block=16)
-    nb = 7
-    assert idx.shape == (2, 2, nb, 3) and idx.dtype == torch.int32
-    own = torch.arange(nb)
-    assert torch.equal(idx[..., 0].long(), own.expand(2, 2, nb))   # own block first
-    valid = idx >= 0
-    assert (idx[valid].long() <= own[None, None, :, None].expand_as(idx)[valid]).all()   # causal
-    assert torch.equal(valid.sum(-1), torch.minimum(own + 1, torch.tensor(3)).expand(2, 2, nb))
-    full = msa.select_blocks(q, k, 7, block=16, causal=False)
-    assert (full >= 0).all() and torch.equal(full.sort(-1).values, own.expand(2, 2, nb, nb).to(torch.int32))
-
-
-@pytest.mark.parametrize("n", [1, 100, 128, 301])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_block_means_match_float64(n, dtype):
-    """The pooled vectors select_blocks scores: float32 means of the blocks (the last one short)."""
-    import msa_codegen.sparsity.selection as sel
-
-    x = torch.randn(2, 3, n, 16).to(dtype)
-    got = sel._block_means(x, 64)
-    nb = -(-n // 64)
-    want = torch.stack([x[:, :, i * 64:(i + 1) * 64].double().mean(2) for i in range(nb)], dim=2)
-    assert got.dtype == torch.float32 and got.shape == (2, 3, nb, 16)
-    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
-
-
-def test_select_blocks_scores_are_pooled_dot_products():
-    """Against the definition: own block first, then the best causal blocks by pooled q . pooled k."""
-    gen = torch.Generator().manual_seed(2)
-    q, k = torch.randn(1, 4, 200, 16, generator=gen), torch.randn(1, 2, 200, 16, generator=gen)
-    idx = msa.select_blocks(q, k, 3, block=32)
-    nb = 7
-    qm = torch.stack([q[:, :, i * 32:(i + 1) * 32].double().mean(2) for i in range(nb)], 2)
-    qm = qm.view(1, 2, 2, nb, 16).mean(2)
-    km = torch.stack([k[:, :, i * 32:(i + 1) * 32].double().mean(2) for i in range(nb)], 2)
-    score = qm @ km.transpose(-1, -2)
-    for h in range(2):
-        for r in range(nb):
-            others = sorted(range(r), key=lambda c: -score[0, h, r, c].item())[:2]
-            want = [r] + others + [-1] * (2 - len(others))
-            assert idx[0, h, r].tolist() == want
-
-
-def test_select_blocks_in_chunks(monkeypatch):
-    import msa_codegen.sparsity.selection as sel
-
-    gen = torch.Generator().manual_seed(1)
-    q, k = torch.randn(1, 2, 300, 16, generator=gen), torch.randn(1, 2, 300, 16, generator=gen)
-    whole = msa.select_blocks(q, k, 4, block=16)
-    monkeypatch.setattr(sel, "SCORE_ELEMS", 50)
-    assert torch.equal(msa.select_blocks(q, k, 4, block=16), whole)
 
 
 def test_hash_sort_roundtrip():
@@ -510,19 +454,7 @@ def test_torch_compile_and_opcheck(device):
         "tma-dilated-sink-scratch"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests compile them for the real device")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["MSA_CODEGEN_HOME"] = str(tmp_path)
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # aot_check.py lives in tests/
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(tests), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, os.path.join(tests, "aot_check.py"), pattern, *flags], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -1,0 +1,141 @@
+"""Triton kernels of ``select_blocks``, and the running top-K keys that MSA's selection shares.
+
+Loaded on first use (``selection._kernels``), so that ``TRITON_INTERPRET`` set by the caller
+takes effect. Names follow the house style: ``p_`` pointers, ``b_`` register blocks, ``m_`` masks,
+``o_`` offsets, ``i_`` program ids.
+
+Candidate keys (``score_key``, ``own_key``, ``key_index``; also ``msa.kernels.msa_select_kernel``):
+one int64 per (row, candidate block): the float32 score's order-preserving bits in the high half,
+``0x7FFFFFFF - block`` in the low half. One integer comparison orders by score and, among equal
+scores, prefers the lower block; ``-0.0`` counts as ``+0.0``. The own block's key has the largest
+high half (above +inf): it always wins a slot and comes first. ``EMPTY`` (the smallest int64)
+marks a slot or candidate that is not a block.
+
+``block_means_kernel``: one program per (key block, batch x head) sums the block's rows of the
+head group's heads in float32 and writes their mean: x is read once, nothing of its size is made.
+
+``block_select_kernel``: one program per (BLOCK_M query blocks, batch x KV head) keeps the W best
+keys of each row in registers, sorted descending, and walks the candidate blocks BLOCK_N at a time
+(BLOCK_N = W unless the pooled keys' tile would not fit in shared memory): a tile of scores
+(``tl.dot`` of the pooled vectors), its keys (widened to W with EMPTY) sorted ascending, the
+elementwise max with the running top (the W largest of both, a bitonic sequence), a bitonic
+merge. Nothing
+N/block x N/block is stored: the extra memory is the pooled vectors and the output.
+"""
+import triton
+import triton.language as tl
+
+#: the key of no candidate (the smallest int64): loses to every block
+EMPTY = tl.constexpr(-9223372036854775807 - 1)
+
+
+@triton.jit
+def score_key(score, index):
+    """int64 keys of float32 ``score`` for block ``index`` (broadcast together): larger is better,
+    equal scores prefer the lower block."""
+    score = tl.where(score == 0.0, 0.0, score)
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    low = tl.full(score.shape, 0x7FFFFFFF, tl.int64) - index
+    return (ordered.to(tl.int64) << 32) | low
+
+
+@triton.jit
+def own_key(key):
+    """The key of the same block as ``key`` above every score: the own block, always kept, first."""
+    return (key & 0xFFFFFFFF) | 0x7FFFFFFF00000000
+
+
+@triton.jit
+def key_index(key):
+    """The block of a key (int32; meaningless for EMPTY)."""
+    return (0x7FFFFFFF - (key & 0xFFFFFFFF)).to(tl.int32)
+
+
+@triton.jit
+def merge_top(top, keys):
+    """``top`` [R, W] sorted descending and ``keys`` [R, W] in any order -> the W largest of both
+    per row, sorted descending (W a power of two)."""
+    # ascending against descending: the elementwise max holds the W largest and is bitonic
+    return tl.bitonic_merge(tl.maximum(top, tl.sort(keys, dim=1)), dim=1, descending=True)
+
+
+@triton.jit
+def _widen(key, W: tl.constexpr):
+    """[R, BN] -> [R, W] (BN divides W): each key once, EMPTY in the other slots."""
+    R: tl.constexpr = key.shape[0]
+    BN: tl.constexpr = key.shape[1]
+    wide = tl.reshape(tl.broadcast_to(key[:, :, None], (R, BN, W // BN)), (R, W))
+    return tl.where((tl.arange(0, W) % (W // BN) == 0)[None, :], wide, EMPTY)
+
+
+@triton.jit
+def block_means_kernel(X, OUT, s_b, s_h, s_n, N, NB, HO,
+                       G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    # OUT[b, ho, c] = mean of X[b, ho * G + g, c * BLOCK + r] over the G heads and the block's rows
+    i_c = tl.program_id(0)
+    i_bo = tl.program_id(1)
+    i_b = i_bo // HO
+    i_o = i_bo % HO
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < D
+    o_r = tl.arange(0, BLOCK_R)
+    n0 = i_c * BLOCK
+    # int64: q of 16 heads x 1M rows x 128 is 2^31 elements
+    p_x0 = X + i_b.to(tl.int64) * s_b + (i_o * G).to(tl.int64) * s_h
+    b_acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for g in range(G):
+        for r0 in range(0, BLOCK, BLOCK_R):
+            o_n = n0 + r0 + o_r
+            m_n = (r0 + o_r < BLOCK) & (o_n < N)
+            # [BLOCK_R, BLOCK_D]
+            b_x = tl.load(p_x0 + g * s_h + o_n.to(tl.int64)[:, None] * s_n + o_d[None, :],
+                          mask=m_n[:, None] & m_d[None, :], other=0.0)
+            b_acc += b_x.to(tl.float32)
+    rows = tl.minimum(N - n0, BLOCK)
+    b_mean = tl.sum(b_acc, axis=0) / (rows * G).to(tl.float32)
+    tl.store(OUT + (i_bo.to(tl.int64) * NB + i_c) * D + o_d, b_mean, mask=m_d)
+
+
+@triton.jit
+def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+    # heaviest (last) row tiles first when causal: their loop is longest
+    i_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    i_bh = tl.program_id(1)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < NB
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < D
+    o_w = tl.arange(0, W)
+    o_c = tl.arange(0, BLOCK_N)
+    p_q = QM + (i_bh.to(tl.int64) * NB + o_m[:, None]) * D + o_d[None, :]
+    p_k0 = KM + i_bh.to(tl.int64) * NB * D
+    # [BLOCK_M, BLOCK_D] pooled queries
+    b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)
+    # [BLOCK_M, W] the best keys so far, descending
+    top = tl.full([BLOCK_M, W], EMPTY, tl.int64)
+    if CAUSAL:
+        hi = tl.minimum(NB, (i_m + 1) * BLOCK_M)
+    else:
+        hi = NB
+    for c0 in range(0, hi, BLOCK_N):
+        o_n = c0 + o_c
+        m_n = o_n < NB
+        # [BLOCK_N, BLOCK_D] pooled keys
+        b_k = tl.load(p_k0 + o_n[:, None] * D + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+        # [BLOCK_M, BLOCK_N]
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+        m_s = m_n[None, :] & (b_s > float("-inf"))
+        if CAUSAL:
+            m_s = m_s & (o_n[None, :] <= o_m[:, None])
+        key = score_key(b_s, o_n[None, :])
+        key = tl.where(o_n[None, :] == o_m[:, None], own_key(key), tl.where(m_s, key, EMPTY))
+        if BLOCK_N < W:
+            key = _widen(key, W)
+        top = merge_top(top, key)
+    b_idx = tl.where(top == EMPTY, -1, key_index(top))
+    p_o = IDX + (i_bh.to(tl.int64) * NB + o_m[:, None]) * s_o + o_w[None, :]
+    tl.store(p_o, b_idx, mask=m_m[:, None] & (o_w[None, :] < K_OUT))

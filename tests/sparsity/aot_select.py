@@ -1,0 +1,37 @@
+"""Compile select_blocks' kernels for an sm_90 GPU without a GPU, with the launchers' own parameters.
+
+Run as a script in a process without TRITON_INTERPRET (``python tests/sparsity/aot_select.py``).
+The interpreter accepts what the GPU compiler rejects and knows no register or shared-memory
+limit; this checks both for the head dims and K the launchers size differently. One line per
+kernel; exits non-zero on the first failure.
+"""
+import os
+import sys
+
+from msa_codegen.sparsity import selection
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "msa"))
+from aot_msa import within_shared  # noqa: E402   (tests/msa: the MSA kernels' compile check)
+
+#: argument types the MSA launchers' defaults do not give
+TYPES = {"NB": "i32", "HO": "i32", "K_OUT": "i32", "OUT": "*fp32", "QM": "*fp32", "KM": "*fp32"}
+
+
+def main():
+    k = selection._kernels()
+    jobs = []
+    for d, block, group, x_dtype in ((128, 128, 1, "bf16"), (128, 128, 4, "fp16"), (80, 64, 2, "fp32"), (256, 32, 1, "bf16")):
+        jobs.append((k.block_means_kernel, selection._means_meta(d, block, group), x_dtype,
+                     f"D={d} block={block} G={group} {x_dtype}"))
+    for d, slots, causal in ((128, 16, True), (128, 16, False), (64, 1, True), (128, 32, True), (128, 64, True), (256, 256, True),
+                              (256, selection.MAX_SLOTS, True)):
+        jobs.append((k.block_select_kernel, selection._select_meta(d, slots, causal), "bf16",
+                     f"D={d} K={slots} causal={causal}"))
+    for kern, meta, x_dtype, what in jobs:
+        if not within_shared([(kern, meta, what)], types=dict(TYPES, X="*" + x_dtype)):
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""select_blocks (msa_codegen.sparsity.selection): its Triton kernels against the plain PyTorch
+definition in float64 (sparsity.reference.select_blocks_reference).
+
+On the CPU the kernels run in Triton's interpreter; the case marked ``gpu`` runs N=131072 in
+bf16/fp16 on CUDA and bounds the extra memory. Random inputs are compared up to near-ties (the
+kernel ranks float32 scores, the reference float64 ones): position by position, the reference
+scores of the chosen blocks agree within a tolerance, and the -1 slots agree exactly. Integer
+inputs make every score exact in both, so there the indices, ties included, must be equal.
+"""
+import pytest
+import torch
+
+import msa_codegen as msa
+from msa_codegen.sparsity import selection
+from msa_codegen.sparsity.reference import block_means_reference, block_scores_reference, select_blocks_reference
+
+from helpers import run_sm90_script
+
+
+def assert_selects_like_reference(idx, q, k, topk, block, causal, rtol=1e-5):
+    """``idx`` is the reference's selection, up to the order of blocks whose float64 scores are
+    within ``rtol`` of the largest score."""
+    want = select_blocks_reference(q, k, topk, block, causal=causal).to(idx.device)
+    assert idx.shape == want.shape and idx.dtype == torch.int32
+    assert torch.equal(idx < 0, want < 0), "a different number of candidates"
+    assert torch.equal(idx[..., 0], want[..., 0]), "the own block is not first"
+    score = block_scores_reference(q, k, block).to(idx.device)
+    score.diagonal(dim1=-2, dim2=-1).fill_(float("inf"))
+
+    def at(i):
+        return torch.where(i >= 0, score.gather(-1, i.long().clamp(min=0)), 0.0)
+    tol = rtol * score.nan_to_num(0.0, 0.0, 0.0).abs().max().item()
+    got_s, want_s = at(idx), at(want)
+    fin = want_s.isfinite()
+    assert torch.equal(got_s.isfinite(), fin)
+    assert (got_s[fin] - want_s[fin]).abs().max().item() <= tol if fin.any() else True, "a block scored lower"
+    srt = idx.sort(-1).values
+    assert not ((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any(), "a block twice"
+    return want
+
+
+@pytest.mark.parametrize("n,hq,hkv,d,topk,block,causal", [
+    pytest.param(1, 2, 1, 16, 3, 16, True, id="n1"),
+    pytest.param(127, 4, 2, 32, 3, 16, True, id="n127-gqa"),
+    pytest.param(129, 2, 2, 80, 4, 32, False, id="n129-d80-bidir"),
+    pytest.param(1000, 6, 2, 64, 16, 32, True, id="n1000-gqa3-k16"),
+    pytest.param(1000, 2, 1, 16, 40, 64, False, id="n1000-k-over-candidates-bidir"),
+    pytest.param(301, 2, 1, 16, 30, 16, True, id="n301-k-over-candidates"),
+    pytest.param(700, 2, 2, 256, 40, 16, True, id="n700-d256-k40-widened-tiles"),
+])
+def test_matches_float64_reference(n, hq, hkv, d, topk, block, causal, device):
+    gen = torch.Generator().manual_seed(n * 7 + topk)
+    q = torch.randn(2, hq, n, d, generator=gen)
+    k = torch.randn(2, hkv, n, d, generator=gen)
+    idx = msa.select_blocks(q.to(device), k.to(device), topk, block=block, causal=causal)
+    assert_selects_like_reference(idx.cpu(), q, k, topk, block, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_ties_go_to_the_lower_block(causal, device):
+    """Integer inputs with few distinct key blocks: many exactly equal scores, exact in float32
+    and float64 alike. Equal scores list the lower block first, as the reference's stable sort."""
+    gen = torch.Generator().manual_seed(5)
+    nb, block, d = 23, 16, 32
+    q = torch.randint(-2, 3, (1, 4, nb * block - 5, d), generator=gen).float()
+    # key blocks drawn from three patterns: equal block means
+    pats = torch.randint(-2, 3, (3, block, d), generator=gen).float()
+    k = pats[torch.randint(0, 3, (2 * nb,), generator=gen)].reshape(1, 2, nb * block, d)[:, :, :q.shape[2]]
+    idx = msa.select_blocks(q.to(device), k.contiguous().to(device), 8, block=block, causal=causal)
+    want = select_blocks_reference(q, k, 8, block, causal=causal)
+    assert torch.equal(idx.cpu(), want)
+    # there were ties to break
+    assert (block_scores_reference(q, k, block).sort(-1).values.diff(dim=-1) == 0).any()
+
+
+def test_structure():
+    """Own block first, causal candidates only, -1 padding, all blocks when K covers them."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 100, 16, generator=gen)
+    k = torch.randn(2, 2, 100, 16, generator=gen)
+    idx = msa.select_blocks(q, k, 3, block=16)
+    nb = 7
+    assert idx.shape == (2, 2, nb, 3) and idx.dtype == torch.int32
+    own = torch.arange(nb)
+    assert torch.equal(idx[..., 0].long(), own.expand(2, 2, nb))   # own block first
+    valid = idx >= 0
+    assert (idx[valid].long() <= own[None, None, :, None].expand_as(idx)[valid]).all()   # causal
+    assert torch.equal(valid.sum(-1), torch.minimum(own + 1, torch.tensor(3)).expand(2, 2, nb))
+    full = msa.select_blocks(q, k, 7, block=16, causal=False)
+    assert (full >= 0).all() and torch.equal(full.sort(-1).values, own.expand(2, 2, nb, nb).to(torch.int32))
+
+
+@pytest.mark.parametrize("n", [1, 100, 128, 301])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("group", [1, 3])
+def test_block_means_match_float64(n, dtype, group):
+    """The pooled vectors select_blocks scores: float32 means over a block's rows (the last one
+    short) and a GQA group's heads."""
+    x = torch.randn(2, 6, n, 16).to(dtype)
+    got = selection._block_means(x, 64, group)
+    nb = -(-n // 64)
+    want = block_means_reference(x, 64).view(2, 6 // group, group, nb, 16).mean(2)
+    assert got.dtype == torch.float32 and got.shape == (2, 6 // group, nb, 16)
+    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_too_many_slots(monkeypatch):
+    q = torch.randn(1, 1, 64, 16)
+    monkeypatch.setattr(selection, "MAX_SLOTS", 2)
+    with pytest.raises(ValueError, match="at most 2 blocks"):
+        msa.select_blocks(q, q, 3, block=16)
+    assert msa.select_blocks(q, q, 3, block=32).shape == (1, 1, 2, 3)   # 2 candidates: fits
+
+
+def test_kernels_compile_for_sm90():
+    """Both kernels through Triton's GPU compiler (sm_90, bundled ptxas) with the launchers'
+    parameters, within shared memory; no GPU needed."""
+    r = run_sm90_script("sparsity/aot_select.py", timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("hq,hkv,causal", [(16, 16, True), (16, 4, False)], ids=["mha-causal", "gqa4-bidir"])
+def test_gpu_matches_reference_and_memory(dtype, hq, hkv, causal):
+    """N=131072, D=128, top-16 in bf16/fp16 against the float64 definition, and the extra peak
+    memory: the output and the two float32 pooled tensors, within 1 MiB of allocator rounding."""
+    dev = torch.device("cuda")
+    n, d, topk, block = 131072, 128, 16, 128
+    gen = torch.Generator(device=dev).manual_seed(3)
+    q = torch.randn(1, hq, n, d, device=dev, generator=gen).to(dtype)
+    k = torch.randn(1, hkv, n, d, device=dev, generator=gen).to(dtype)
+    msa.select_blocks(q, k, topk, block=block, causal=causal)   # compile outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    idx = msa.select_blocks(q, k, topk, block=block, causal=causal)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    nb = n // block
+    bound = 2 * hkv * nb * d * 4 + hkv * nb * topk * 4 + (1 << 20)
+    assert extra <= bound, f"{extra / 2**20:.1f} MiB extra, bound {bound / 2**20:.1f} MiB"
+    assert_selects_like_reference(idx, q, k, topk, block, causal)
