@@ -88,6 +88,16 @@ def test_the_grid_is_the_families_shapes_each_key_once():
     assert {e.seqlen for e in enc} == {4096, 8192, 16384}
 
 
+def test_the_docs_give_the_grids_size_and_trials():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    n = len(grid.keys())
+    assert f"{n} entries in priority order" in grid.__doc__ and f"{n} entries in" in " ".join(readme.split())
+    trials = f"{grid.TRIALS['fwd']} forward and {grid.TRIALS['bwd']} backward"
+    assert trials in " ".join(grid.__doc__.split()) and trials in " ".join(readme.split())
+
+
 def test_every_family_has_an_entry_near_the_top():
     """A run stopped by its budget has filled each family's most-run shape: tier 1 comes first."""
     top = grid.keys()[:len(CASES) + 9]
