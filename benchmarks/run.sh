@@ -14,7 +14,8 @@
 #              pytest commands (a -k of your own replaces the split)
 #   tune       the shipped tuning grid (msa_codegen.tuner.grid), one shard per GPU, resumed from
 #              msa_codegen/data/tuning.db; rows exported to $OUT/tuning.db (copy it into
-#              msa_codegen/data/ to ship it). BUDGET / HARD: seconds to stop starting entries / kill
+#              msa_codegen/data/ to ship it), then the grid's --list of $DB for this GPU (what is
+#              filled). BUDGET / HARD: seconds to stop starting entries / kill
 #   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
 #              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
 #   ws-check   does this Triton's warp specialisation work on those loops? (ceiling_probe.py's
@@ -88,6 +89,8 @@ case "$suite" in
     rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     python3 -m msa_codegen.tuner.grid --db "$DB" --export "$OUT/tuning.db" 2>&1 | tee -a "$log"
+    python3 -m msa_codegen.tuner.grid --list --db "$DB" \
+      --gpu "$(python3 -c 'import torch; print(torch.cuda.get_device_name())')" 2>&1 | tee -a "$log"
     for i in $(seq 0 $((NG - 1))); do
       echo "==== grid $i" | tee -a "$log"
       grep -E "FAILED|finished|budget|nothing|x\) " "$OUT/grid-$i.log" | cut -c1-200 | tee -a "$log"

@@ -46,6 +46,12 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
 
     The fastest of hand sweeps on an H200 (benchmarks/sweep.py; the figures in docs/performance.md)
     for head dims 64 and 128; the others are the spill-free shapes of ptxas's report for sm_90.
+
+    Blackwell (capability 10.x: B200, B100) gets the same tiles as Hopper, untimed: it has the same
+    228 KiB of shared memory per SM (227 KiB per block, opt-in) and loads through the same tensor
+    descriptors, so what fits and pipelines on an H200 is a sound start; an ahead-of-time compile for
+    sm_100 checks that every default fits (tests/tuning/test_resources.py). ``msa-tune`` on a B200
+    measures its own rows, by the same path as on an H200.
     """
     if device.type != "cuda":
         return INTERPRETER_CONFIG
@@ -61,7 +67,8 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
         # 3 stages measured 0.84x the time of the pointer loads' best (128, 64, 8, 3) on an H200
         # (a probe since removed; git history keeps benchmarks/ws_probe.py). A narrow band: (64, 64, 4, 3), 1.477 ms
         # against 1.699 for causal=false,window=512 H=16 N=65536; for window=4096 the
-        # 128-key tiles stay ahead (9.14 against 9.43 ms)
+        # 128-key tiles stay ahead (9.14 against 9.43 ms). Capability 10 (Blackwell) takes the same
+        # branch as 9: same shared memory per block, same descriptors (see the docstring)
         if not tma_capable(device, capability):
             fwd = FwdConfig(128, 64, 8, 3)
         elif narrow_band(pattern):

@@ -290,7 +290,62 @@ def cmd_which(args) -> int:
     else:
         res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
+    note = _defaults_note(res, name, cap, args.db)
+    if note:
+        print(note)
     return 0
+
+
+def _resolutions(res) -> list:
+    """The lookup's answers behind what ``which`` prints (an msa pattern: its group's and the other heads')."""
+    if hasattr(res, "others"):
+        return ([res.msa] if res.msa is not None else []) + [r for *_, r in res.others]
+    return [res]
+
+
+def _defaults_note(res, name: str, cap: str, db) -> str | None:
+    """One plain line when a heuristic default runs: whether this GPU (or its capability) has tuned
+    rows at all on this installation, and rows of this shape that are not used (other Triton or kernels)."""
+    from ..tuning.database import TuningDB
+    from ..tuning.lookup import HEURISTIC
+
+    heuristic = [r for r in _resolutions(res) if HEURISTIC in (r.fwd.source, r.bwd.source)]
+    if not heuristic:
+        return None
+    tv = triton_version()
+    rows, paths = [], []
+    for path, mode in ((user_db_path(db), "rw"), (shipped_db_path(), "ro")):
+        paths.append(str(path))
+        if not path.exists():
+            continue
+        try:
+            with TuningDB(path, mode=mode, write=False) as t:
+                rows += [r for r in t.rows() if r["gpu"] == name or r["capability"] == cap]
+        except Exception:
+            continue   # the lookup has warned about this file
+    current = [r for r in rows if is_current(r["pattern"], r["triton_version"], r["kernel_hash"])]
+    mine = [r for r in current if r["gpu"] == name]
+    same_cap = [r for r in current if r["gpu"] != name and r["capability"] == cap]
+    where = f"in the user database ({paths[0]}) or the shipped one ({paths[1]})"
+    if not mine and not same_cap:
+        interp = name == _gpu.INTERPRETER
+        line = (f"note: no tuned rows for {name} (capability {cap}) under Triton {tv} and these kernels {where}"
+                + ("" if interp else f", nor for any other GPU of capability {cap}")
+                + f": the heuristic defaults run for every shape on {name} (msa-tune "
+                + ("without a GPU stores rows for it)" if interp else "run on that GPU measures its rows)"))
+    else:
+        dirs = sorted({d for r in heuristic for d in ("fwd", "bwd") if getattr(r, d).source == HEURISTIC})
+        line = (f"note: {' and '.join(dirs)}: no tuned row of this pattern, dtype, head dim and group for {name} or "
+                f"capability {cap} (any bucket): the heuristic default runs ({len(mine)} rows of other shapes for "
+                f"{name}, {len(same_cap)} for other GPUs of capability {cap})")
+    stale = [r for r in rows if r not in current and any(
+        (r["capability"], r["pattern"], r["dtype"], r["head_dim"], r["gqa_group"])
+        == (cap, h.pattern, h.dtype, h.head_dim, h.gqa_group) for h in heuristic)]
+    if stale:
+        others = sorted({r["triton_version"] for r in stale if r["triton_version"] != tv})
+        why = f"under Triton {', '.join(others)} (running {tv})" if others else "for other kernels"
+        line += f"; {len(stale)} rows of this shape were measured {why} and are not used"
+    return line
 
 
 def _open_db(path, mode="rw"):

@@ -95,14 +95,17 @@ class Problem:
 
 
 def representative_problem(pattern: str, heads: int, kv_heads: int, seqlen: int, head_dim: int,
-                           dtype: torch.dtype, cuda: bool) -> Problem:
-    """The problem timed for the bucket of ``seqlen``: on a GPU that length with batch
-    ``TOKENS_PER_BATCH // seqlen`` (at least 1); in the interpreter a reduced one (N <= 64, one
-    key/value head unless the pattern has head groups). Its rows are keyed by ``seqlen``."""
+                           dtype: torch.dtype, cuda: bool, batch: int | None = None) -> Problem:
+    """The problem timed for the bucket of ``seqlen``: on a GPU that length with ``batch``, by
+    default ``TOKENS_PER_BATCH // seqlen`` (at least 1); in the interpreter a reduced one (N <= 64,
+    batch 1, one key/value head unless the pattern has head groups). Its rows are keyed by
+    ``seqlen``; neither the batch nor the number of heads is part of the key (a row records them)."""
     pattern = str(parse(pattern))
     if cuda:
-        return Problem(pattern, max(1, TOKENS_PER_BATCH // seqlen), heads, kv_heads, seqlen, head_dim, dtype,
-                       "cuda", seqlen)
+        b = max(1, TOKENS_PER_BATCH // seqlen) if batch is None else int(batch)
+        if b < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        return Problem(pattern, b, heads, kv_heads, seqlen, head_dim, dtype, "cuda", seqlen)
     hq, hkv = (heads, kv_heads) if parse(pattern).grouped else (heads // kv_heads, 1)
     return Problem(pattern, 1, hq, hkv, min(seqlen, INTERP_MAX_SEQLEN), head_dim, dtype, "cpu", seqlen)
 

@@ -32,6 +32,8 @@ from ..kernels import render
 
 SM90_SHARED_OPTIN = 232448   # bytes of shared memory per block (opt-in) on sm_90 (H100 / H200); on a GPU
 #                              the tuner asks the device (space.device_smem_bytes)
+SM100_SHARED_OPTIN = 232448  # the same on sm_100 (B200 / B100: 228 KiB per SM, 227 KiB per block); CUDA's
+#                              tuning guide for Blackwell gives both figures
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FLOATS = ("qk_scale", "sm_scale")

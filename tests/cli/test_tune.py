@@ -98,3 +98,72 @@ def test_ctrl_c_keeps_finished_rows(home, monkeypatch, capsys):
     assert "interrupted (finished rows are stored)" in captured.err
     assert "bucket 1024 fwd: 3 trials" in captured.out and "bucket 1024 bwd: 0 trials" in captured.out
     assert _rows(db) == {(1024, "fwd")}
+
+
+# ---- a GPU we cannot reach: the same path as on an H200 ---------------------------------------------
+
+class _WouldTime(Exception):
+    """Raised by the stand-in of ``search.tune``: the point where tuning needs the GPU."""
+
+
+def _path_to_the_gpu(monkeypatch, raw_name: str, capability: str, argv: list[str]) -> tuple[dict, str]:
+    """Run msa-tune as on a machine whose GPU is ``raw_name``, up to the first measurement: what
+    ``search.tune`` is asked (the problem, key and options), and what was printed before it."""
+    import io
+    import contextlib
+
+    import torch
+
+    from msa_codegen.tuning import gpu as _gpu
+
+    asked = {}
+
+    def stand_in(problem, direction, key, db_path, **kw):
+        asked.update(problem=problem, direction=direction, key=key, db=db_path, **kw)
+        raise _WouldTime(f"would time {problem.describe()} on {key.gpu} now")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_gpu, "current_gpu", lambda index=None: (_gpu.normalize(raw_name), capability))
+    monkeypatch.setattr(_gpu, "device_name", lambda index=None: raw_name)
+    monkeypatch.setattr(search, "tune", stand_in)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(_WouldTime):
+        cli.run(cli.build_parser().parse_args(argv))
+    return asked, out.getvalue()
+
+
+@pytest.mark.parametrize("raw, cap, flag", [("NVIDIA B200", "10.0", "b200"), ("NVIDIA B200", "10.0", "auto"),
+                                            ("NVIDIA GB300 Superchip", "10.3", "auto")],
+                         ids=["b200", "b200-auto", "unknown-name-auto"])
+def test_a_gpu_we_cannot_reach_takes_the_h200_path(home, monkeypatch, raw, cap, flag):
+    """msa-tune --gpu b200 (or auto, or a GPU whose name we do not know) on such a machine asks the
+    tuner exactly what it asks on an H200 (the README's command: same buckets, problem, trials, jobs,
+    compile-ahead), but for its own GPU name and capability; nothing H200-specific on the way."""
+    argv = ["--pattern", "window=4096,dilation=2", "--db", str(home / "t.db")]
+    h200, h200_out = _path_to_the_gpu(monkeypatch, "NVIDIA H200", "9.0", ["--gpu", "h200", *argv])
+    other, other_out = _path_to_the_gpu(monkeypatch, raw, cap, ["--gpu", flag, *argv])
+    name = {"NVIDIA B200": "b200"}.get(raw, "gb300-superchip")
+    assert other["key"].gpu == name and other["key"].capability == cap
+    assert h200["key"].gpu == "h200" and h200["key"].capability == "9.0"
+    same = lambda asked: {k: v for k, v in asked.items() if k != "key"}  # noqa: E731
+    assert same(other) == same(h200)
+    key_fields = lambda k: {f: v for f, v in k.as_dict().items() if f not in ("gpu", "capability")}  # noqa: E731
+    assert key_fields(other["key"]) == key_fields(h200["key"])
+    p = other["problem"]
+    assert (p.device, p.seqlen, p.batch, str(p.dtype), other["direction"], other["trials"]) == \
+        ("cuda", 8192, 8, "torch.bfloat16", "fwd", cli.GPU_TRIALS)
+    assert other_out.replace(name, "GPU").replace(cap, "CAP") == h200_out.replace("h200", "GPU").replace("9.0", "CAP")
+    assert f"on {name} (capability {cap})" in other_out
+
+
+def test_gpu_b200_without_cuda_is_one_clear_line(home, capsys):
+    """Here (no CUDA): --gpu b200 is refused before anything runs, naming both machines."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert cli.main(["--gpu", "b200", "--pattern", "window=4096,dilation=2", "--db", str(home / "t.db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("msa-tune: error: --gpu b200: this machine has no CUDA GPU")
+    assert "cpu-interpreter" in err[0] and "run msa-tune on that GPU" in err[0]
+    assert not (home / "t.db").exists()

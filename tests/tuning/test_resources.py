@@ -78,6 +78,81 @@ def test_estimate_agrees_with_an_ahead_of_time_compile_for_sm90(tmp_path):
     assert len(list((tmp_path / "home" / "smem-cache").glob("*.json"))) == 2
 
 
+# ---- Blackwell (sm_100): heuristic defaults, compiled ahead of time ------------------------------
+
+def test_blackwell_defaults_are_the_hopper_tiles():
+    """Capability 10 (B200 / B100) gets Hopper's defaults (same shared memory per block, same
+    tensor descriptors): every head-dim branch, dtype and the narrow-band forward."""
+    from msa_codegen.heuristics import default_config
+    from msa_codegen.kernels.tma import tma_capable
+
+    cuda = torch.device("cuda")
+    assert tma_capable(cuda, "10.0") and tma_capable(cuda, "9.0") and not tma_capable(cuda, "8.0")
+    for d in (64, 128, 256):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for pattern in ("window=4096,dilation=2,sink=64", "causal=false,window=512", None):
+                assert default_config(cuda, d, dtype, "10.0", pattern) == default_config(cuda, d, dtype, "9.0", pattern)
+    # and they are not the pre-Hopper ones where those differ
+    assert default_config(cuda, 128, torch.bfloat16, "10.0").fwd != default_config(cuda, 128, torch.bfloat16, "8.0").fwd
+    assert resources.SM100_SHARED_OPTIN == resources.SM90_SHARED_OPTIN == 232448
+
+
+_SM100_SCRIPT = textwrap.dedent("""
+    import dataclasses, json, sys
+    import torch, triton
+    from triton.compiler import ASTSource
+    from msa_codegen.heuristics import default_config
+    from msa_codegen.tuning import resources
+    out = []
+    for pattern, d, directions in json.loads(sys.argv[1]):
+        cfg = default_config(torch.device("cuda"), d, torch.bfloat16, "10.0", pattern)
+        for direction in directions:
+            params = dataclasses.asdict(cfg.fwd if direction == "fwd" else cfg.bwd)
+            shared = resources.candidate_shared(pattern, direction, params, head_dim=d, dtype=torch.bfloat16,
+                                                heads=16, kv_heads=4, seqlen=8192, capability="10.0")
+            out.append(dict(pattern=pattern, d=d, direction=direction, params=params, shared=shared))
+    # the target really is sm_100: one kernel compiled as kernel_shared compiles it, its PTX read back
+    name, kern, consts, warps, stages = resources.launches("window=4096,dilation=2,sink=64", "fwd",
+        dataclasses.asdict(default_config(torch.device("cuda"), 128, torch.bfloat16, "10.0").fwd), head_dim=128,
+        dtype=torch.bfloat16, heads=16, kv_heads=4, seqlen=8192)[0]
+    sig, cst, attrs = resources._signature(kern, consts, "bf16", 4)
+    k = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cst, attrs=attrs),
+                       target=resources.target_of("10.0"), options=dict(num_warps=warps, num_stages=stages))
+    target = [ln.split()[1] for ln in k.asm["ptx"].splitlines() if ln.startswith(".target")]
+    print(json.dumps(dict(results=out, target=target, shared=k.metadata.shared, triton=triton.__version__)))
+""")
+
+
+@pytest.mark.skipif(not HAS_NVIDIA, reason="needs triton.backends.nvidia (ahead-of-time compile for sm_100)")
+def test_blackwell_defaults_compile_for_sm100_within_shared_memory(tmp_path):
+    """The window / dilation / sink kernels, forward and backward (dk/dv, its prefix pass, dq), with
+    the capability-10 defaults of each head-dim branch, and the narrow-band forward, compiled for
+    GPUTarget("cuda", 100, 32) on this CPU (Triton's bundled ptxas-blackwell; Triton 3.6 and 3.9
+    both have it), specialised as a launch is: each compiles and asks for at most the 227 KiB per
+    block of a B200. Several minutes on a busy 2-core CPU (the backward's kernels dominate)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CPU check: on a GPU machine the GPU tests run the kernels")
+    cases = [("window=4096,dilation=2,sink=64", d, ["fwd", "bwd"]) for d in (64, 128, 256)] + [
+        ("causal=false,window=512,dilation=2,sink=64", 128, ["fwd"])]   # the narrow-band forward (64 x 64)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    p = subprocess.run([sys.executable, "-c", _SM100_SCRIPT, json.dumps(cases)], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["target"] and all(t.startswith("sm_100") for t in got["target"]), got["target"]
+    assert 0 < got["shared"] <= resources.SM100_SHARED_OPTIN
+    results = got["results"]
+    assert len(results) == sum(len(c[2]) for c in cases)
+    assert {r["params"]["block_n"] for r in results if r["direction"] == "fwd"} == {32, 64, 128}
+    for r in results:
+        kernels = {"fwd"} if r["direction"] == "fwd" else {"dk/dv", "dk/dv prefix", "dq"}
+        assert set(r["shared"]) == kernels, r
+        assert all(0 < b <= resources.SM100_SHARED_OPTIN for b in r["shared"].values()), r
+    print(f"Triton {got['triton']}, sm_100:", "; ".join(f"{r['pattern']} D={r['d']} {r['direction']}: {r['shared']}"
+                                                        for r in results))
+
+
 def test_signature_specialises_as_a_launch():
     """Pointers and strides divisible by 16, the last dim's stride and a GQA group of 1 constant,
     what the kernel does not specialise (N, H_OFF) left alone."""

@@ -4,7 +4,6 @@ interpreter (the GPU cases marked gpu)."""
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 
 import pytest
 import torch
@@ -12,14 +11,13 @@ import torch
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig
 from msa_codegen.heuristics import default_config
-from msa_codegen.pattern.spec import parse
 from msa_codegen.tuning import space
 from msa_codegen.tuning.database import TuningDB
 from msa_codegen.tuning.keys import TuningKey, bucket
 from msa_codegen.tuning.search import tune
 
 from helpers import rel_err
-from tuning_helpers import PATTERN, _key, _problem, call_config, put, row, tmp_home  # noqa: F401 (tmp_home: autouse)
+from tuning_helpers import PATTERN, _key, _problem, call_config, tmp_home  # noqa: F401 (tmp_home: autouse)
 
 
 # ---- the search space --------------------------------------------------------------------------
@@ -175,30 +173,6 @@ def test_gpu_tuned_config_is_no_slower_than_the_default_and_attention_runs_it(tm
     out = msa.attention(q, k, v, pattern)   # runs the stored row (resolved above)
     ref = chunked_reference(q, k, v, pattern, torch.randn_like(q))[0]
     assert rel_err(out, ref) < 1e-2
-
-
-def test_shipped_grid_lists_the_issue_grid_after_the_benchmark_cases(tmp_path):
-    from msa_codegen.bench import CASES
-    from msa_codegen.tuning import grid
-
-    entries = grid.keys()
-    assert [e.pattern for e in entries[:len(CASES)]] == [str(parse(c.pattern)) for c in CASES]
-    # 3 windows x 3 dilations x 2 sinks x 2 directions of causality x 2 head dims x 2 dtypes x
-    # 2 GQA groups x 9 buckets, each once (bench cases that fall on the grid are not repeated)
-    on_grid = {(e.pattern, bucket(e.seqlen), e.head_dim, e.dtype, e.group) for e in entries}
-    assert len(on_grid) == len(entries)
-    assert len([e for e in entries if e.heads == grid.HEADS]) >= 3 * 3 * 2 * 2 * 2 * 2 * 2 * 9
-    assert grid.grid_pattern(4096, 2, 64, False) == str(parse("causal=false,window=4096,dilation=2,sink=64"))
-    # --export keeps the tuning rows only (no Optuna tables)
-    src, dst = tmp_path / "src.db", tmp_path / "dst.db"
-    put(src, row(), row(direction="bwd"))
-    assert grid.export_rows(src, dst) == 2
-    con = sqlite3.connect(dst)
-    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    con.close()
-    assert "msa_tuning" in tables and "studies" not in tables
-    if not torch.cuda.is_available():
-        assert grid.main(["--db", str(src)]) == 2   # measuring needs a GPU
 
 
 def test_precompiled_batches_run_in_workers_and_their_failures_are_pruned(tmp_home, monkeypatch):
