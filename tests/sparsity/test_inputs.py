@@ -517,8 +517,10 @@ def _selected(topk, block, make=None):
     def sel(b, hq, hkv, nq, nk, gen):
         out = make(b, hq, hkv, nq, nk, gen) if make else {}
         g = torch.Generator().manual_seed(gen.randrange(2**31))
-        out["block_indices"] = msa.select_blocks(torch.randn(b, hq, nq, 64, generator=g),
-                                                 torch.randn(b, hkv, nk, 64, generator=g), topk, block=block)
+        dev = "cuda" if torch.cuda.is_available() else "cpu"   # select_blocks' kernels run where its inputs are
+        out["block_indices"] = msa.select_blocks(torch.randn(b, hq, nq, 64, generator=g).to(dev),
+                                                 torch.randn(b, hkv, nk, 64, generator=g).to(dev), topk,
+                                                 block=block).cpu()
         return out
     return sel
 
