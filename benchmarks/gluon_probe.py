@@ -581,7 +581,7 @@ def _gemm_ws(a, b, c, stages=GEMM_WS["STAGES"]):
 
 
 def stage_gemm_ws():
-    M, N, K = 1000, 768, 1100  # ragged edges and a K tail
+    M, N, K = 1000, 768, 1096  # ragged edges and a K tail (K a multiple of 8: TMA needs 16-byte row strides)
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
