@@ -4,7 +4,7 @@ On a terminal the line is rewritten in place (carriage return) after every trial
 (CI logs, pipes) plain lines are written, one when a quarter of the trials more is done, so a log
 stays short. The summary line of a finished bucket and direction reads
 
-    bucket 131072 fwd: 40 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms, 52 s
+    bucket 131072 fwd: 16 trials, 7 pruned (shared memory), 0 failed, best 8.61 ms, 31 s
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class TuneStats:
     out_of_resources: int = 0      # of the failed: out of resources at compile or launch
     best_ms: float | None = None
     budget_stop: bool = False      # stopped before ``total`` because the time budget was spent
-    seconds: float | None = None   # wall-clock time of the bucket and direction, once it is done
+    seconds: float | None = dataclasses.field(default=None, compare=False)   # wall-clock, once done
 
     def line(self) -> str:
         parts = [f"{self.trials} trials" + (f" of {self.total}" if self.budget_stop else ""),
