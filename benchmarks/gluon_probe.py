@@ -522,8 +522,14 @@ def _ptxas_regs(k):
         f.write(k.asm["cubin"])
         f.flush()
         out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+).*LOCAL:(\d+)", out)
-    return dict(regs=int(m.group(1)), local_bytes=int(m.group(2))) if m else None
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    # ptxas spills go to the stack frame (STACK), not to LOCAL (local arrays): 2026-12-02 the
+    # probe read LOCAL only and saw 0 bytes for a kernel with 366 spill stores
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+).*LOCAL:(\d+)", out)
+    if not m:
+        return None
+    return dict(regs=int(m.group(1)), stack_bytes=int(m.group(2)), local_bytes=int(m.group(3)),
+                spill_stores=len(re.findall(r"\bSTL\b", sass)), spill_loads=len(re.findall(r"\bLDL\b", sass)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -847,7 +853,7 @@ def main():
                 regs = k.get("ptxas_regs") or {}
                 print(f"  {k['stage']:<22} {k.get('compiled')!s:<6} smem {k.get('shared', '-')!s:>7}  "
                       f"regs {regs.get('regs', '-')!s:>4} setmaxnreg {k.get('setmaxnreg', '-')}  "
-                      f"local {regs.get('local_bytes', '-')}")
+                      f"stack {regs.get('stack_bytes', '-')} STL/LDL {regs.get('spill_stores', '-')}/{regs.get('spill_loads', '-')}")
     for r in results:
         if r.get("error"):
             print(f"\n[{r['stage']}] " + "\n  ".join(str(r["error"]).splitlines()[:8]))
