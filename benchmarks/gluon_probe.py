@@ -2,7 +2,8 @@
 
     PYTHONPATH=$PWD python benchmarks/gluon_probe.py                  # every stage, H100/H200
     PYTHONPATH=$PWD python benchmarks/gluon_probe.py --stages attn_ws2,attn_nows
-    PYTHONPATH=$PWD python benchmarks/gluon_probe.py --aot            # no GPU: compile all for sm_90
+    PYTHONPATH=$PWD python benchmarks/gluon_probe.py --stages issue22 # backward + forward leads
+    PYTHONPATH=$PWD python benchmarks/gluon_probe.py --aot [--only bwd_,attn_ws2p]  # no GPU: sm_90
 
 Each stage runs in its own subprocess under a timeout, so that a hang or a fault in one is
 recorded and the next still runs. From simple to the goal:
@@ -24,7 +25,15 @@ recorded and the next still runs. From simple to the goal:
   issues the TMA loads itself, ``STAGES`` tiles ahead). Each checks output and LSE against an
   fp32 torch reference (N=4096 W=1024, N=8192 W=4096) and against ``msa_codegen.attention`` at
   N=131072 (every 16th row), then times both at B=1, H=16, N=131072, W=4096;
-- ``flex``: FlexAttention with the sliding-window BlockMask at the same size, timed with ours.
+- ``flex``: FlexAttention with the sliding-window BlockMask at the same size, timed with ours;
+- issue 22's leads toward 600 TF/s (``--stages issue22`` runs them after the backward):
+  ``attn_ws2f`` attn_ws2 with the softmax scale folded into exp2's argument (one FFMA an
+  element instead of an FMUL and an FADD); ``attn_ws2p`` attn_ws2 made persistent (one program
+  an SM walking query tiles; the producer loads the next tile's Q and K/V under this tile's
+  last product and epilogue; O leaves through its own buffer by an asynchronous TMA store);
+  ``attn_ws2pf`` both; ``attn_ws2n256`` 256-key tiles (ring of 1; spills, see ``--aot``);
+  ``attn_ws2x128`` (``--aot`` only) two consumers of 128 rows, which cannot fit in registers;
+- ``bwd_dkdv``, ``bwd_dq``, ``flex_bwd``: the backward, in ``gluon_probe_bwd.py``.
 
 Effective TFLOP/s = 4 D H pairs / time, pairs = W N - W (W-1) / 2 (docs/performance.md "FLOP
 formulas"), also given as a fraction of the bf16 matmul rate measured in the same process.
@@ -202,11 +211,14 @@ def gemm_ws_kernel(a_desc, b_desc, c_desc, K, STAGES: gl.constexpr):
 # q, k, v, o are 2-D views [B*H*N, D] (N a multiple of 128, so no tile crosses a head).
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _attn_producer(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base, kb_lo, kb_hi):
+def _attn_producer(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base, kb_lo, kb_hi,
+                   c_base=0):
+    """Streams K and V tiles kb_lo .. kb_hi - 1 through the ring; c_base: tiles the ring has
+    already carried (a persistent program's earlier work), so that slots and phases continue."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     for kb in range(kb_lo, kb_hi):
-        c = kb - kb_lo
+        c = c_base + kb - kb_lo
         slot = c % STAGES
         phase = (c // STAGES) & 1
         mbarrier.wait(k_empty.index(slot), phase ^ 1)
@@ -218,12 +230,25 @@ def _attn_producer(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
 
 
 @gluon.jit
+def _attn_bounds(q0, N, W, BM: gl.constexpr, BN: gl.constexpr):
+    """Key tiles of the query tile [q0, q0 + BM) (closed form, no mask tables): the band
+    [kb_lo, kb_hi) and its unmasked middle [kb_full_lo, kb_full_hi)."""
+    kb_lo = gl.maximum(q0 - W + 1, 0) // BN
+    kb_hi = gl.cdiv(gl.minimum(q0 + BM, N), BN)
+    kb_full_lo = gl.cdiv(gl.maximum(q0 + BM - W, 0), BN)  # first tile entirely inside every row's window
+    kb_full_hi = (q0 + 1) // BN  # first tile reaching past the diagonal of row q0
+    return kb_lo, kb_hi, kb_full_lo, kb_full_hi
+
+
+@gluon.jit
 def _attn_scores(s_acc, q0, kb, kb_full_lo, kb_full_hi, m_i, l_i, qk_scale, W,
                  ROW_OFF: gl.constexpr, BMC: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr,
-                 p_layout: gl.constexpr):
+                 p_layout: gl.constexpr, FOLD: gl.constexpr = False):
     """Online-softmax step on one finished S tile: returns P (bf16, wgmma A-operand layout),
-    the rescale factor of O, and the new running max and sum (log2 domain)."""
-    s = s_acc * qk_scale
+    the rescale factor of O, and the new running max and sum (log2 domain).
+    FOLD: scale the row max instead of the tile, so that exp2's argument is one FFMA
+    (s * scale - m, as FA3 does) instead of an FMUL feeding both the max and an FADD."""
+    s = s_acc if FOLD else s_acc * qk_scale
     if (kb < kb_full_lo) | (kb >= kb_full_hi):
         # [BMC] rows, [BN] columns of this tile
         o_i = q0 + ROW_OFF + gl.arange(0, BMC, layout=gl.SliceLayout(1, s_layout))
@@ -231,23 +256,31 @@ def _attn_scores(s_acc, q0, kb, kb_full_lo, kb_full_hi, m_i, l_i, qk_scale, W,
         delta = gl.expand_dims(o_i, 1) - gl.expand_dims(o_j, 0)
         m_vis = (delta >= 0) & (delta < W)
         s = gl.where(m_vis, s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    s_max = gl.max(s, axis=1)
+    if FOLD:
+        s_max = s_max * qk_scale  # qk_scale > 0: the max commutes with the scale
+    m_new = gl.maximum(m_i, s_max)
     # a row with nothing visible so far keeps m = -inf: subtract 0 instead (no inf - inf)
     m_safe = gl.where(m_new > -float("inf"), m_new, 0.0)
     alpha = gl.exp2(m_i - m_safe)
-    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    if FOLD:
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+    else:
+        p = gl.exp2(s - gl.expand_dims(m_safe, 1))
     l_new = l_i * alpha + gl.sum(p, axis=1)
     p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
     return p_op, alpha, m_new, l_new
 
 
 @gluon.jit
-def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-                   v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, N, W, qk_scale,
+def _attn_mainloop(q_smem, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, pp_bars, q_empty,
+                   row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, W, qk_scale, c_base,
                    ROW_OFF: gl.constexpr, NWARPS: gl.constexpr, ROLE: gl.constexpr, PINGPONG: gl.constexpr,
-                   INLINE_LOADS: gl.constexpr):
-    """One consumer: rows [q0 + ROW_OFF, q0 + ROW_OFF + BMC) with BMC = q_smem's rows, NWARPS
-    warps (4: one warpgroup; 8: two warpgroups stacked along the rows)."""
+                   INLINE_LOADS: gl.constexpr, FOLD: gl.constexpr, RELEASE_Q: gl.constexpr):
+    """The key loop of one query tile (Q already in q_smem): returns O (unnormalised, fp32),
+    the running max and sum. c_base: ring tiles consumed before this tile (persistent programs);
+    RELEASE_Q: arrive on q_empty once the last product reading Q has finished, so that the
+    producer can load the next tile's Q while this one's last P V and epilogue run."""
     BMC: gl.constexpr = q_smem.type.shape[0]
     D: gl.constexpr = q_smem.type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -259,38 +292,36 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     n_blocks = kb_hi - kb_lo
 
-    # Q: this consumer's rows, loaded once by its own TMA
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row_base + q0 + ROW_OFF, 0], q_bar, q_smem)
-    mbarrier.wait(q_bar, 0)
-
     s_zero = gl.zeros([BMC, BN], gl.float32, s_layout)
     o_acc = gl.zeros([BMC, D], gl.float32, o_layout)
     m_i = gl.full([BMC], -float("inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BMC], gl.float32, gl.SliceLayout(1, s_layout))
 
     # prologue: S_0 and its softmax (nothing to rescale yet)
-    mbarrier.wait(k_ready.index(0), 0)
-    k_buf = k_bufs.index(0)
+    slot0 = c_base % STAGES
+    mbarrier.wait(k_ready.index(slot0), (c_base // STAGES) & 1)
+    k_buf = k_bufs.index(slot0)
     s_acc = warpgroup_mma(q_smem, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_acc = warpgroup_mma_wait(0, deps=(s_acc, k_buf))[0]
+    if RELEASE_Q:
+        mbarrier.arrive(q_empty, pred=n_blocks == 1)
     if INLINE_LOADS:
         gl.thread_barrier()  # every warpgroup's product on this slot has finished
         if STAGES < n_blocks:
             mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [row_base + (kb_lo + STAGES) * BN, 0], k_ready.index(0), k_buf)
     else:
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(slot0))
     p_op, alpha, m_i, l_i = _attn_scores(s_acc, q0, kb_lo, kb_full_lo, kb_full_hi, m_i, l_i, qk_scale, W, ROW_OFF,
-                                         BMC, BN, s_layout, p_layout)
+                                         BMC, BN, s_layout, p_layout, FOLD)
 
     # steady state: issue S_c and P_{c-1} V_{c-1}; softmax of S_c while the second runs
     for c in range(1, n_blocks):
         kb = kb_lo + c
-        slot = c % STAGES
-        phase = (c // STAGES) & 1
-        pslot = (c - 1) % STAGES
-        pphase = ((c - 1) // STAGES) & 1
+        slot = (c_base + c) % STAGES
+        phase = ((c_base + c) // STAGES) & 1
+        pslot = (c_base + c - 1) % STAGES
+        pphase = ((c_base + c - 1) // STAGES) & 1
         k_buf = k_bufs.index(slot)
         v_prev = v_bufs.index(pslot)
         mbarrier.wait(k_ready.index(slot), phase)
@@ -305,6 +336,8 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
             mbarrier.arrive(pp_bars.index(1 - ROLE))
         # groups complete in order: with one left in flight, S_c is done
         s_acc = warpgroup_mma_wait(1, deps=(s_acc, k_buf))[0]
+        if RELEASE_Q:
+            mbarrier.arrive(q_empty, pred=c == n_blocks - 1)
         if INLINE_LOADS:
             gl.thread_barrier()
             if c + STAGES < n_blocks:
@@ -314,7 +347,7 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
         else:
             mbarrier.arrive(k_empty.index(slot))
         p_op, alpha_c, m_i, l_i = _attn_scores(s_acc, q0, kb, kb_full_lo, kb_full_hi, m_i, l_i, qk_scale, W, ROW_OFF,
-                                               BMC, BN, s_layout, p_layout)
+                                               BMC, BN, s_layout, p_layout, FOLD)
         o_acc = warpgroup_mma_wait(0, deps=(o_acc, v_prev, p_prev))[0]
         if INLINE_LOADS:
             gl.thread_barrier()
@@ -326,58 +359,142 @@ def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs
             mbarrier.arrive(v_empty.index(pslot))
         o_acc = o_acc * gl.expand_dims(gl.convert_layout(alpha_c, gl.SliceLayout(1, o_layout)), 1)
 
-    # epilogue: the last P V
-    lslot = (n_blocks - 1) % STAGES
-    lphase = ((n_blocks - 1) // STAGES) & 1
+    # the last P V
+    lslot = (c_base + n_blocks - 1) % STAGES
+    lphase = ((c_base + n_blocks - 1) // STAGES) & 1
     v_last = v_bufs.index(lslot)
     mbarrier.wait(v_ready.index(lslot), lphase)
     o_acc = warpgroup_mma(p_op, v_last, o_acc, is_async=True)
     o_acc = warpgroup_mma_wait(0, deps=(o_acc, v_last, p_op))[0]
     if not INLINE_LOADS:
         mbarrier.arrive(v_empty.index(lslot))
+    return o_acc, m_i, l_i
 
-    # O / l (zeros where nothing is visible), LSE = ln(sum exp(scaled score)) (-inf where empty)
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+
+@gluon.jit
+def _attn_epilogue(o_desc, o_smem, lse_ptr, o_acc, m_i, l_i, row_base, q0, N, ROW_OFF: gl.constexpr,
+                   ASYNC_STORE: gl.constexpr):
+    """O / l (zeros where nothing is visible), LSE = ln(sum exp(scaled score)) (-inf where empty),
+    O through o_smem by TMA. ASYNC_STORE: leave the store in flight (the next tile's first wait
+    on it is tma.store_wait before o_smem is written again)."""
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_acc.type.layout))
     inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
     o_out = (o_acc * gl.expand_dims(inv_l, 1)).to(o_desc.dtype)
     lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, -float("inf"))
-    o_i = q0 + ROW_OFF + gl.arange(0, BMC, layout=gl.SliceLayout(1, s_layout))
+    o_i = q0 + ROW_OFF + gl.arange(0, o_smem.type.shape[0], layout=l_i.type.layout)
     gl.store(lse_ptr + row_base + o_i, lse, mask=o_i < N)
-    # Q's buffer is free (every product that read it has finished): stage O there
-    q_smem.store(o_out)
+    if ASYNC_STORE:
+        tma.store_wait(0)  # the previous tile's store has finished reading o_smem
+    o_smem.store(o_out)
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row_base + q0 + ROW_OFF, 0], q_smem)
-    tma.store_wait(0)
+    tma.async_copy_shared_to_global(o_desc, [row_base + q0 + ROW_OFF, 0], o_smem)
+    if not ASYNC_STORE:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                   v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, N, W, qk_scale,
+                   ROW_OFF: gl.constexpr, NWARPS: gl.constexpr, ROLE: gl.constexpr, PINGPONG: gl.constexpr,
+                   INLINE_LOADS: gl.constexpr, FOLD: gl.constexpr):
+    """One consumer of one query tile: rows [q0 + ROW_OFF, q0 + ROW_OFF + BMC) with BMC =
+    q_smem's rows, NWARPS warps (4: one warpgroup; 8: two warpgroups stacked along the rows)."""
+    # Q: this consumer's rows, loaded once by its own TMA
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row_base + q0 + ROW_OFF, 0], q_bar, q_smem)
+    mbarrier.wait(q_bar, 0)
+    o_acc, m_i, l_i = _attn_mainloop(q_smem, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty,
+                                     pp_bars, q_bar, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, W, qk_scale,
+                                     0, ROW_OFF, NWARPS, ROLE, PINGPONG, INLINE_LOADS, FOLD, False)
+    # Q's buffer is free (every product that read it has finished): stage O there
+    _attn_epilogue(o_desc, q_smem, lse_ptr, o_acc, m_i, l_i, row_base, q0, N, ROW_OFF, False)
 
 
 @gluon.jit
 def _attn_consumer_worker(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                           v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, N, W,
-                          qk_scale, ROW_OFF: gl.constexpr, PINGPONG: gl.constexpr):
+                          qk_scale, ROW_OFF: gl.constexpr, PINGPONG: gl.constexpr, FOLD: gl.constexpr):
     _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem, q_bar, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty,
                    pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, N, W, qk_scale, ROW_OFF, 4, 1,
-                   PINGPONG, False)
+                   PINGPONG, False, FOLD)
+
+
+# persistent form (MODE 3): program p takes tiles p, p + G, ... of the B*H*(N/BM) query tiles,
+# query tiles of one head consecutively (neighbours share most of their K/V band in L2)
+@gluon.jit
+def _attn_tile(t, n_qb, N, W, BM: gl.constexpr, BN: gl.constexpr):
+    q0 = (t % n_qb) * BM
+    kb_lo, kb_hi, kb_full_lo, kb_full_hi = _attn_bounds(q0, N, W, BM, BN)
+    return q0, (t // n_qb) * N, kb_lo, kb_hi, kb_full_lo, kb_full_hi
 
 
 @gluon.jit
-def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, N, W, qk_scale,
-                    STAGES: gl.constexpr, MODE: gl.constexpr, PINGPONG: gl.constexpr):
+def _attn_producer_persistent(q_desc, k_desc, v_desc, q_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready, v_ready,
+                              k_empty, v_empty, N, W, BH):
+    """Loads each tile's Q (both consumers' rows, one barrier) once the last tile's S products
+    are done, then streams its K/V: the next tile's loads run under this tile's tail."""
+    BMC: gl.constexpr = q_desc.block_type.shape[0]
+    BM: gl.constexpr = 2 * BMC
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    n_qb = N // BM
+    c_base = 0
+    it = 0
+    for t in range(gl.program_id(0), BH * n_qb, gl.num_programs(0)):
+        q0, row_base, kb_lo, kb_hi, kb_full_lo, kb_full_hi = _attn_tile(t, n_qb, N, W, BM, BN)
+        mbarrier.wait(q_empty, (it & 1) ^ 1)
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row_base + q0, 0], q_ready, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [row_base + q0 + BMC, 0], q_ready, q_smem.index(1))
+        _attn_producer(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base, kb_lo, kb_hi,
+                       c_base)
+        c_base += kb_hi - kb_lo
+        it += 1
+
+
+@gluon.jit
+def _attn_consumer_persistent(k_desc, v_desc, o_desc, q_smem, o_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready,
+                              v_ready, k_empty, v_empty, pp_bars, lse_ptr, N, W, BH, qk_scale, ROW_OFF: gl.constexpr,
+                              FOLD: gl.constexpr):
+    BMC: gl.constexpr = q_smem.type.shape[0]
+    BM: gl.constexpr = 2 * BMC
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    n_qb = N // BM
+    c_base = 0
+    it = 0
+    for t in range(gl.program_id(0), BH * n_qb, gl.num_programs(0)):
+        q0, row_base, kb_lo, kb_hi, kb_full_lo, kb_full_hi = _attn_tile(t, n_qb, N, W, BM, BN)
+        mbarrier.wait(q_ready, it & 1)
+        o_acc, m_i, l_i = _attn_mainloop(q_smem, k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty,
+                                         pp_bars, q_empty, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi, W,
+                                         qk_scale, c_base, ROW_OFF, 4, 0, False, False, FOLD, True)
+        _attn_epilogue(o_desc, o_smem, lse_ptr, o_acc, m_i, l_i, row_base, q0, N, ROW_OFF, True)
+        c_base += kb_hi - kb_lo
+        it += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_consumer_persistent_worker(k_desc, v_desc, o_desc, q_smem, o_smem, q_ready, q_empty, k_bufs, v_bufs,
+                                     k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, N, W, BH, qk_scale,
+                                     FOLD: gl.constexpr):
+    BMC: gl.constexpr = q_smem.type.shape[0]
+    _attn_consumer_persistent(k_desc, v_desc, o_desc, q_smem, o_smem, q_ready, q_empty, k_bufs, v_bufs, k_ready,
+                              v_ready, k_empty, v_empty, pp_bars, lse_ptr, N, W, BH, qk_scale, BMC, FOLD)
+
+
+@gluon.jit
+def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, N, W, BH, qk_scale,
+                    STAGES: gl.constexpr, MODE: gl.constexpr, PINGPONG: gl.constexpr, FOLD: gl.constexpr):
     """MODE 0: no warp specialisation, one 8-warp partition issuing its own loads;
     MODE 1: 8-warp consumer (128 rows) + 1-warp producer;
-    MODE 2: two 4-warp consumers (64 rows each) + 1-warp producer."""
-    BM: gl.constexpr = 128
+    MODE 2: two 4-warp consumers (BMC rows each) + 1-warp producer;
+    MODE 3: MODE 2 made persistent (grid: one program an SM), the producer loading the next
+    tile's Q and K/V under this tile's tail, O staged in its own buffer and stored asynchronously."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     D: gl.constexpr = k_desc.block_type.shape[1]
     BMC: gl.constexpr = q_desc.block_type.shape[0]  # rows of one consumer
-    NC: gl.constexpr = BM // BMC
-    gl.static_assert(BN == D, "the S and O accumulators share one wgmma layout shape")
-    q0 = gl.program_id(0) * BM
-    row_base = gl.program_id(1) * N
-    # key tiles of this program (closed form, no mask tables)
-    kb_lo = gl.maximum(q0 - W + 1, 0) // BN
-    kb_hi = gl.cdiv(gl.minimum(q0 + BM, N), BN)
-    kb_full_lo = gl.cdiv(gl.maximum(q0 + BM - W, 0), BN)  # first tile entirely inside every row's window
-    kb_full_hi = (q0 + 1) // BN  # first tile reaching past the diagonal of row q0
+    NC: gl.constexpr = 1 if MODE < 2 else 2  # consumer partitions
+    BM: gl.constexpr = NC * BMC if MODE >= 2 else 128
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NC, BMC, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
@@ -388,8 +505,6 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, N, W, qk_scale,
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     pp_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NC):
-        mbarrier.init(q_bars.index(i), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
@@ -398,49 +513,80 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, N, W, qk_scale,
     for i in gl.static_range(2):
         mbarrier.init(pp_bars.index(i), count=1)
 
-    if MODE == 0:
-        n_blocks = kb_hi - kb_lo
-        for s in gl.static_range(STAGES):
-            if s < n_blocks:
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [row_base + (kb_lo + s) * BN, 0], k_ready.index(s),
-                                                k_bufs.index(s))
-                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [row_base + (kb_lo + s) * BN, 0], v_ready.index(s),
-                                                v_bufs.index(s))
-        _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem.index(0), q_bars.index(0), k_bufs, v_bufs, k_ready,
-                       v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi, kb_full_lo, kb_full_hi,
-                       N, W, qk_scale, 0, 8, 0, False, True)
-    elif MODE == 1:
+    if MODE == 3:
+        # q_bars[0]: Q loaded (one arrival: the producer's expect); q_bars[1]: Q free (both consumers)
+        mbarrier.init(q_bars.index(0), count=1)
+        mbarrier.init(q_bars.index(1), count=NC)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NC, BMC, D], o_desc.layout)
         gl.warp_specialize([
-            (_attn_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem.index(0), q_bars.index(0), k_bufs, v_bufs,
-                              k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi,
-                              kb_full_lo, kb_full_hi, N, W, qk_scale, 0, 8, 0, False, False)),
-            (_attn_producer, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base, kb_lo,
-                              kb_hi)),
-        ], [1], [PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_attn_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem.index(0), q_bars.index(0), k_bufs, v_bufs,
-                              k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi,
-                              kb_full_lo, kb_full_hi, N, W, qk_scale, 0, 4, 0, PINGPONG, False)),
-            (_attn_consumer_worker, (q_desc, k_desc, v_desc, o_desc, q_smem.index(1), q_bars.index(1), k_bufs, v_bufs,
-                                     k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi,
-                                     kb_full_lo, kb_full_hi, N, W, qk_scale, BMC, PINGPONG)),
-            (_attn_producer, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base, kb_lo,
-                              kb_hi)),
+            (_attn_consumer_persistent, (k_desc, v_desc, o_desc, q_smem.index(0), o_smem.index(0), q_bars.index(0),
+                                         q_bars.index(1), k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, pp_bars,
+                                         lse_ptr, N, W, BH, qk_scale, 0, FOLD)),
+            (_attn_consumer_persistent_worker, (k_desc, v_desc, o_desc, q_smem.index(1), o_smem.index(1),
+                                                q_bars.index(0), q_bars.index(1), k_bufs, v_bufs, k_ready, v_ready,
+                                                k_empty, v_empty, pp_bars, lse_ptr, N, W, BH, qk_scale, FOLD)),
+            (_attn_producer_persistent, (q_desc, k_desc, v_desc, q_smem, q_bars.index(0), q_bars.index(1), k_bufs,
+                                         v_bufs, k_ready, v_ready, k_empty, v_empty, N, W, BH)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        for i in gl.static_range(NC):
+            mbarrier.init(q_bars.index(i), count=1)
+        q0 = gl.program_id(0) * BM
+        row_base = gl.program_id(1) * N
+        kb_lo, kb_hi, kb_full_lo, kb_full_hi = _attn_bounds(q0, N, W, BM, BN)
+        if MODE == 0:
+            n_blocks = kb_hi - kb_lo
+            for s in gl.static_range(STAGES):
+                if s < n_blocks:
+                    mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(k_desc, [row_base + (kb_lo + s) * BN, 0], k_ready.index(s),
+                                                    k_bufs.index(s))
+                    mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(v_desc, [row_base + (kb_lo + s) * BN, 0], v_ready.index(s),
+                                                    v_bufs.index(s))
+            _attn_consumer(q_desc, k_desc, v_desc, o_desc, q_smem.index(0), q_bars.index(0), k_bufs, v_bufs, k_ready,
+                           v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi, kb_full_lo,
+                           kb_full_hi, N, W, qk_scale, 0, 8, 0, False, True, FOLD)
+        elif MODE == 1:
+            gl.warp_specialize([
+                (_attn_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem.index(0), q_bars.index(0), k_bufs, v_bufs,
+                                  k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi,
+                                  kb_full_lo, kb_full_hi, N, W, qk_scale, 0, 8, 0, False, False, FOLD)),
+                (_attn_producer, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base,
+                                  kb_lo, kb_hi)),
+            ], [1], [PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_attn_consumer, (q_desc, k_desc, v_desc, o_desc, q_smem.index(0), q_bars.index(0), k_bufs, v_bufs,
+                                  k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0, kb_lo, kb_hi,
+                                  kb_full_lo, kb_full_hi, N, W, qk_scale, 0, 4, 0, PINGPONG, False, FOLD)),
+                (_attn_consumer_worker, (q_desc, k_desc, v_desc, o_desc, q_smem.index(1), q_bars.index(1), k_bufs,
+                                         v_bufs, k_ready, v_ready, k_empty, v_empty, pp_bars, lse_ptr, row_base, q0,
+                                         kb_lo, kb_hi, kb_full_lo, kb_full_hi, N, W, qk_scale, BMC, PINGPONG, FOLD)),
+                (_attn_producer, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_base,
+                                  kb_lo, kb_hi)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-# attention variants: name -> (MODE, PINGPONG, num_warps of the kernel, rows a consumer, maxnreg)
+# attention variants: name -> MODE, PINGPONG, FOLD, num_warps of the kernel, rows a consumer,
+# key tile, maxnreg, ring (K/V ring depth, when fixed); attn_ws2x128 is not in any GPU list
 ATTN_VARIANTS = {
-    "attn_ws1x8": (1, False, 8, 128, WS_MAXNREG),
-    "attn_ws2": (2, False, 4, 64, WS_MAXNREG),
-    "attn_ws2pp": (2, True, 4, 64, WS_MAXNREG),
-    "attn_nows": (0, False, 8, 128, None),
+    "attn_ws1x8": dict(mode=1, pp=False, fold=False, nw=8, bmc=128, bn=128, maxnreg=WS_MAXNREG),
+    "attn_ws2": dict(mode=2, pp=False, fold=False, nw=4, bmc=64, bn=128, maxnreg=WS_MAXNREG),
+    "attn_ws2pp": dict(mode=2, pp=True, fold=False, nw=4, bmc=64, bn=128, maxnreg=WS_MAXNREG),
+    "attn_nows": dict(mode=0, pp=False, fold=False, nw=8, bmc=128, bn=128, maxnreg=None),
+    # issue 22's leads toward 600 TF/s
+    "attn_ws2f": dict(mode=2, pp=False, fold=True, nw=4, bmc=64, bn=128, maxnreg=WS_MAXNREG),
+    # persistent: ring of 2 (O's own buffer makes a ring of 3 need 262,536 bytes)
+    "attn_ws2p": dict(mode=3, pp=False, fold=False, nw=4, bmc=64, bn=128, maxnreg=WS_MAXNREG, ring=2),
+    "attn_ws2pf": dict(mode=3, pp=False, fold=True, nw=4, bmc=64, bn=128, maxnreg=WS_MAXNREG, ring=2),
+    # 256-key tiles (ring of 1: two 64 KB slots per operand would pass 232 KB) and 128-row
+    # consumers: S, O and the P in flight need 128 + 64 + 64 and 128 + 128 + 64 registers a thread
+    "attn_ws2n256": dict(mode=2, pp=False, fold=True, nw=4, bmc=64, bn=256, maxnreg=WS_MAXNREG, ring=1),  # spills
+    "attn_ws2x128": dict(mode=2, pp=False, fold=True, nw=4, bmc=128, bn=128, maxnreg=WS_MAXNREG, ring=2),
 }
 GEMM_WS = dict(BM=128, BN=256, BK=64, STAGES=3)
-ATTN_BN = 128
+SMEM_LIMIT = 232448  # bytes of shared memory a block may use on sm_90
 
 
 def _nvmma(shape, gdt):
@@ -450,63 +596,73 @@ def _nvmma(shape, gdt):
 # --------------------------------------------------------------------------------------------
 # ahead-of-time compile for sm_90 (no GPU): shared memory and registers of every kernel
 # --------------------------------------------------------------------------------------------
-def aot():
+def aot_desc(dt, gdt, block):
+    """The signature string of a bf16/fp32 tensor descriptor argument, for triton.compile."""
+    return f"tensordesc<{dt}[{block[0]}, {block[1]}],{_nvmma(block, gdt)!r}>"
+
+
+def aot_compile(name, fn, sig, consts, opts):
+    """Compile one Gluon kernel for sm_90 without a GPU; returns (and prints) a report row:
+    shared bytes, setmaxnreg targets, registers a thread and spills (cuobjdump), or the error."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+    cs = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    for k in consts:
+        sig[k] = "constexpr"
+    sig = {a: sig[a] for a in fn.arg_names}
+    t0 = time.time()
+    try:
+        k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32),
+                           options=opts)
+        md = k.metadata
+        row = dict(stage=name, compiled=True, shared=md.shared, fits_smem=md.shared <= SMEM_LIMIT,
+                   num_warps=md.num_warps, seconds=round(time.time() - t0, 1))
+        asm = k.asm.get("cubin")
+        if asm is not None:
+            row["cubin_bytes"] = len(asm)
+        ptx = k.asm.get("ptx", "")
+        # register targets the warp-specialised partitions switch to
+        pat = r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)"
+        row["setmaxnreg"] = sorted({int(x) for x in re.findall(pat, ptx)})
+        row["ptxas_regs"] = _ptxas_regs(k)
+    except Exception as e:  # recorded, the next kernel still compiles
+        row = dict(stage=name, compiled=False, error=f"{type(e).__name__}: {e}"[-3000:])
+    print(json.dumps(row), flush=True)
+    return row
 
-    def desc(dt, gdt, block):
-        return f"tensordesc<{dt}[{block[0]}, {block[1]}],{_nvmma(block, gdt)!r}>"
 
-    def comp(name, fn, sig, consts, opts):
-        cs = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-        for k in consts:
-            sig[k] = "constexpr"
-        sig = {a: sig[a] for a in fn.arg_names}
-        t0 = time.time()
-        try:
-            k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cs), target=GPUTarget("cuda", 90, 32),
-                               options=opts)
-            md = k.metadata
-            row = dict(stage=name, compiled=True, shared=md.shared, num_warps=md.num_warps,
-                       seconds=round(time.time() - t0, 1))
-            asm = k.asm.get("cubin")
-            if asm is not None:
-                row["cubin_bytes"] = len(asm)
-            ptx = k.asm.get("ptx", "")
-            # register targets the warp-specialised partitions switch to
-            pat = r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)"
-            row["setmaxnreg"] = sorted({int(x) for x in re.findall(pat, ptx)})
-            row["ptxas_regs"] = _ptxas_regs(k)
-        except Exception as e:  # recorded, the next kernel still compiles
-            row = dict(stage=name, compiled=False, error=f"{type(e).__name__}: {e}"[-3000:])
-        print(json.dumps(row), flush=True)
-        return row
+def aot(only=None):
+    """only: substrings of the kernel names to compile (all when None)."""
+    import gluon_probe_bwd
 
-    rows = []
+    kernels = []
     bf = "bf16"
     blk = [128, 128]
-    rows.append(comp("copy", copy_kernel, dict(in_desc=desc(bf, gl.bfloat16, blk), out_desc=desc(bf, gl.bfloat16, blk)),
-                     {}, dict(num_warps=4)))
-    rows.append(comp("gemm", gemm_kernel, dict(a_desc=desc(bf, gl.bfloat16, [128, 64]),
-                                               b_desc=desc(bf, gl.bfloat16, [128, 64]),
-                                               c_desc=desc("fp32", gl.float32, [128, 128]), K="i32"),
-                     {}, dict(num_warps=4)))
+    kernels.append(("copy", copy_kernel, dict(in_desc=aot_desc(bf, gl.bfloat16, blk),
+                                              out_desc=aot_desc(bf, gl.bfloat16, blk)), {}, dict(num_warps=4)))
+    kernels.append(("gemm", gemm_kernel, dict(a_desc=aot_desc(bf, gl.bfloat16, [128, 64]),
+                                              b_desc=aot_desc(bf, gl.bfloat16, [128, 64]),
+                                              c_desc=aot_desc("fp32", gl.float32, [128, 128]), K="i32"),
+                    {}, dict(num_warps=4)))
     g = GEMM_WS
-    rows.append(comp("gemm_ws", gemm_ws_kernel, dict(a_desc=desc(bf, gl.bfloat16, [g["BM"], g["BK"]]),
-                                                     b_desc=desc(bf, gl.bfloat16, [g["BN"], g["BK"]]),
-                                                     c_desc=desc(bf, gl.bfloat16, [g["BM"], g["BN"]]), K="i32"),
-                     dict(STAGES=g["STAGES"]), dict(num_warps=8, maxnreg=WS_MAXNREG)))
-    for name, (mode, pp, nw, bmc, maxnreg) in ATTN_VARIANTS.items():
-        for stages in (2, 3):
-            sig = dict(q_desc=desc(bf, gl.bfloat16, [bmc, 128]), k_desc=desc(bf, gl.bfloat16, [ATTN_BN, 128]),
-                       v_desc=desc(bf, gl.bfloat16, [ATTN_BN, 128]), o_desc=desc(bf, gl.bfloat16, [bmc, 128]),
-                       lse_ptr="*fp32", N="i32", W="i32", qk_scale="fp32")
-            opts = dict(num_warps=nw)
-            if maxnreg:
-                opts["maxnreg"] = maxnreg
-            rows.append(comp(f"{name}/stages={stages}", attn_fwd_kernel, sig,
-                             dict(STAGES=stages, MODE=mode, PINGPONG=pp), opts))
-    return rows
+    kernels.append(("gemm_ws", gemm_ws_kernel, dict(a_desc=aot_desc(bf, gl.bfloat16, [g["BM"], g["BK"]]),
+                                                    b_desc=aot_desc(bf, gl.bfloat16, [g["BN"], g["BK"]]),
+                                                    c_desc=aot_desc(bf, gl.bfloat16, [g["BM"], g["BN"]]), K="i32"),
+                    dict(STAGES=g["STAGES"]), dict(num_warps=8, maxnreg=WS_MAXNREG)))
+    for name, v in ATTN_VARIANTS.items():
+        for ring in ((v["ring"], ) if "ring" in v else (2, 3)):
+            sig = dict(q_desc=aot_desc(bf, gl.bfloat16, [v["bmc"], 128]),
+                       k_desc=aot_desc(bf, gl.bfloat16, [v["bn"], 128]),
+                       v_desc=aot_desc(bf, gl.bfloat16, [v["bn"], 128]),
+                       o_desc=aot_desc(bf, gl.bfloat16, [v["bmc"], 128]),
+                       lse_ptr="*fp32", N="i32", W="i32", BH="i32", qk_scale="fp32")
+            opts = dict(num_warps=v["nw"])
+            if v["maxnreg"]:
+                opts["maxnreg"] = v["maxnreg"]
+            kernels.append((f"{name}/stages={ring}", attn_fwd_kernel, sig,
+                            dict(STAGES=ring, MODE=v["mode"], PINGPONG=v["pp"], FOLD=v["fold"]), opts))
+    kernels += gluon_probe_bwd.aot_kernels()
+    return [aot_compile(*k) for k in kernels if only is None or any(o in k[0] for o in only)]
 
 
 def _ptxas_regs(k):
@@ -613,7 +769,8 @@ def stage_gemm_ws():
 def attn_gluon(q, k, v, window, variant, stages):
     """q, k, v (B, H, N, D) contiguous bf16, N % 128 == 0, D == 128 -> out (B, H, N, D), lse (B, H, N) fp32."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    mode, pp, nw, bmc, maxnreg = ATTN_VARIANTS[variant]
+    cfg = ATTN_VARIANTS[variant]
+    bmc, bn = cfg["bmc"], cfg["bn"]
     B, H, N, D = q.shape
     assert D == 128 and N % 128 == 0 and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     out = torch.empty_like(q)
@@ -621,13 +778,21 @@ def attn_gluon(q, k, v, window, variant, stages):
     q2, k2, v2, o2 = (t.view(B * H * N, D) for t in (q, k, v, out))
     qd = TensorDescriptor.from_tensor(q2, [bmc, D], _nvmma([bmc, D], gl.bfloat16))
     od = TensorDescriptor.from_tensor(o2, [bmc, D], _nvmma([bmc, D], gl.bfloat16))
-    kd = TensorDescriptor.from_tensor(k2, [ATTN_BN, D], _nvmma([ATTN_BN, D], gl.bfloat16))
-    vd = TensorDescriptor.from_tensor(v2, [ATTN_BN, D], _nvmma([ATTN_BN, D], gl.bfloat16))
+    # K/V tiles past the end of a head read the next head's rows (or TMA's zeros at the end of
+    # the tensor): they lie past the diagonal, so the window mask removes them
+    kd = TensorDescriptor.from_tensor(k2, [bn, D], _nvmma([bn, D], gl.bfloat16))
+    vd = TensorDescriptor.from_tensor(v2, [bn, D], _nvmma([bn, D], gl.bfloat16))
     qk_scale = D ** -0.5 * 1.4426950408889634
-    kw = dict(num_warps=nw)
-    if maxnreg:
-        kw["maxnreg"] = maxnreg
-    attn_fwd_kernel[(N // 128, B * H)](qd, kd, vd, od, lse, N, window, qk_scale, stages, mode, pp, **kw)
+    kw = dict(num_warps=cfg["nw"])
+    if cfg["maxnreg"]:
+        kw["maxnreg"] = cfg["maxnreg"]
+    bm = 2 * bmc if cfg["mode"] >= 2 else 128
+    if cfg["mode"] == 3:
+        grid = (min(torch.cuda.get_device_properties(q.device).multi_processor_count, B * H * (N // bm)), )
+    else:
+        grid = (N // bm, B * H)
+    attn_fwd_kernel[grid](qd, kd, vd, od, lse, N, window, B * H, qk_scale, cfg.get("ring", stages), cfg["mode"],
+                          cfg["pp"], cfg["fold"], **kw)
     return out, lse
 
 
@@ -656,7 +821,8 @@ def stage_attn(variant, args):
     res = dict(variant=variant, stages=args.attn_stages)
     # correctness at small sizes (fp32 reference); a stage that fails here is not timed
     errs = {}
-    for (h, n, w) in ((2, 4096, 1024), (1, 8192, 4096), (1, 384, 256)):
+    # (8, 8192, 1024): 512 query tiles, several a program of the persistent forms (one SM each)
+    for (h, n, w) in ((2, 4096, 1024), (1, 8192, 4096), (1, 384, 256), (8, 8192, 1024)):
         q, k, v = (torch.randn(1, h, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         o, lse = attn_gluon(q, k, v, w, variant, args.attn_stages)
         torch.cuda.synchronize()
@@ -684,6 +850,7 @@ def _time_attn(res, args, fn):
         o = o[0] if isinstance(o, tuple) else o
         torch.cuda.synchronize()
         res["err_vs_msa_N131072"] = _rel(o[:, :, ::16], o_ours[:, :, ::16])
+        res["agrees_with_msa"] = res["err_vs_msa_N131072"] < 1e-2
         del o, o_ours, lse_ours
         ms_ours = _bench(lambda: msa.attention(q, k, v, f"window={w}"), rep=args.rep)
         ms = _bench(lambda: fn(q, k, v), rep=args.rep)
@@ -717,6 +884,9 @@ def stage_flex(args):
 # in order of what matters most, so that a run cut short still answers the question
 STAGES = ["aot", "copy", "gemm", "gemm_ws", "attn_ws2", "attn_ws1x8", "attn_nows", "attn_ws2pp", "flex",
           "attn_ws2:3", "attn_ws1x8:3"]
+# issue 22's second GPU run: the backward first, then the forward's leads toward 600 TF/s, the
+# baseline attn_ws2 again in the same run, the peer's forward+backward, and the spilling 256-key tile
+STAGES_ISSUE22 = ["bwd_dkdv", "bwd_dq", "attn_ws2pf", "attn_ws2p", "attn_ws2f", "attn_ws2", "flex_bwd", "attn_ws2n256"]
 
 
 def run_stage(name, args):
@@ -737,7 +907,10 @@ def run_stage(name, args):
         return stage_attn(base, args)
     if base == "flex":
         return stage_flex(args)
-    raise SystemExit(f"unknown stage {name!r}; expected one of {STAGES}")
+    if base in ("bwd_dkdv", "bwd_dq", "flex_bwd"):
+        import gluon_probe_bwd
+        return gluon_probe_bwd.stage_flex_bwd(args) if base == "flex_bwd" else gluon_probe_bwd.stage_bwd(base[4:], args)
+    raise SystemExit(f"unknown stage {name!r}; expected one of {STAGES + STAGES_ISSUE22}")
 
 
 def _child(args):
@@ -768,6 +941,12 @@ def _fmt_row(r):
             t += f" {r['tflops']:.0f} TF/s"
         if r.get("msa_ms") is not None:
             t += f" (msa {r['msa_ms']:.3f} ms {r['msa_tflops']:.0f} TF/s, x{r['speedup_vs_msa']:.2f})"
+        if r.get("msa_bwd_ms") is not None:
+            t += f" (msa backward {r['msa_bwd_ms']:.3f} ms {r['msa_bwd_tflops']:.0f} TF/s effective)"
+        if r.get("gluon_bwd_ms") is not None:
+            t += (f"; Gluon backward {r['gluon_bwd_ms']:.3f} ms {r['gluon_bwd_tflops']:.0f} TF/s effective, "
+                  f"x{r['msa_bwd_ms'] / r['gluon_bwd_ms']:.2f}; fwd+bwd Gluon {r['gluon_fwd_bwd_ms']:.3f} ms, "
+                  f"msa {r['msa_fwd_bwd_ms']:.3f} ms")
         if r.get("torch_ms") is not None:
             t += f" (torch {r['torch_ms']:.3f} ms {r['torch_tflops']:.0f} TF/s)"
     err = r.get("max_rel_err")
@@ -777,7 +956,9 @@ def _fmt_row(r):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {STAGES}")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help=f"comma-separated stages (attention variants take ':3' for a 3-deep ring), or 'issue22' "
+                    f"for {STAGES_ISSUE22}; the default is {STAGES}")
     ap.add_argument("--stage", help=argparse.SUPPRESS)  # child process: run one stage
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a stage (flex: twice)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for all stages; the rest are skipped")
@@ -788,9 +969,10 @@ def main():
     ap.add_argument("--rep", type=int, default=300, help="do_bench rep (ms) of the attention timings")
     ap.add_argument("--time-anyway", action="store_true", help="time attention variants that fail the check")
     ap.add_argument("--aot", action="store_true", help="compile every kernel for sm_90 without a GPU")
+    ap.add_argument("--only", help="with --aot: comma-separated substrings of the kernel names to compile")
     args = ap.parse_args()
     if args.aot:
-        aot()
+        aot(args.only.split(",") if args.only else None)
         return
     if args.stage:
         _child(args)
@@ -803,8 +985,8 @@ def main():
     results = []
     out = os.environ.get("OUT")
     t_start = time.time()
-    for name in args.stages.split(","):
-        timeout = args.timeout * (2 if name == "flex" else 1)  # torch.compile of the peer
+    for name in (STAGES_ISSUE22 if args.stages == "issue22" else args.stages.split(",")):
+        timeout = args.timeout * (2 if name.startswith("flex") else 1)  # torch.compile of the peer
         left = args.budget - (time.time() - t_start)
         if left < 30:
             r = dict(stage=name, compiled="?", correct=False, error=f"skipped: {args.budget:.0f} s budget spent")
@@ -853,7 +1035,8 @@ def main():
                 regs = k.get("ptxas_regs") or {}
                 print(f"  {k['stage']:<22} {k.get('compiled')!s:<6} smem {k.get('shared', '-')!s:>7}  "
                       f"regs {regs.get('regs', '-')!s:>4} setmaxnreg {k.get('setmaxnreg', '-')}  "
-                      f"stack {regs.get('stack_bytes', '-')} STL/LDL {regs.get('spill_stores', '-')}/{regs.get('spill_loads', '-')}")
+                      f"stack {regs.get('stack_bytes', '-')} "
+                      f"STL/LDL {regs.get('spill_stores', '-')}/{regs.get('spill_loads', '-')}")
     for r in results:
         if r.get("error"):
             print(f"\n[{r['stage']}] " + "\n  ".join(str(r["error"]).splitlines()[:8]))
@@ -865,4 +1048,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # gluon_probe_bwd imports this module by name: let it find this instance, not load a second
+    # copy whose kernels shadow these (2026-12-02: a second copy broke every --aot compile of this one)
+    sys.modules.setdefault("gluon_probe", sys.modules[__name__])
     main()
