@@ -18,6 +18,50 @@ from .pattern.spec import parse
 INTERPRETER_CONFIG = LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 32, 4, 1))
 
 
+#: Opt-in shared memory per thread block (bytes) by compute capability: the CUDA C++ Programming
+#: Guide's table "Technical Specifications per Compute Capability" (maximum shared memory per thread
+#: block): 99 KiB on 8.6, 8.9 and 12.x (RTX 30xx / 40xx / 50xx, RTX PRO 6000 Blackwell), 163 KiB on
+#: 8.0 and 8.7, 227 KiB on 9.0 and 10.x. A GPU present is asked instead (``shared_optin``)
+SHARED_OPTIN = {"8.0": 166912, "8.6": 101376, "8.7": 166912, "8.9": 101376, "9.0": 232448, "10.0": 232448,
+                "10.3": 232448, "12.0": 101376, "12.1": 101376}
+#: what Hopper's tiles were sized for (H100 / H200)
+HOPPER_SHARED_OPTIN = SHARED_OPTIN["9.0"]
+
+
+@functools.lru_cache(maxsize=16)
+def _device_shared_optin(index: int) -> int | None:
+    props = torch.cuda.get_device_properties(index)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)
+    return int(optin) if optin else SHARED_OPTIN.get(f"{props.major}.{props.minor}")
+
+
+def shared_optin(device: torch.device, capability: str | None = None) -> int | None:
+    """Opt-in shared memory per block (bytes) of a named ``"major.minor"`` capability (``SHARED_OPTIN``),
+    else of the device (asked through torch); None when unknown (a capability not in the table, a CPU
+    device, no visible GPU)."""
+    if device.type != "cuda":
+        return None
+    if capability is not None:
+        return SHARED_OPTIN.get(".".join(str(capability).split(".")[:2]))
+    if not torch.cuda.is_available():
+        return None
+    return _device_shared_optin(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def hopper_sized(device: torch.device, capability: str | None = None) -> bool:
+    """Tensor descriptors (``tma_capable``) and at least Hopper's shared memory per block: Hopper's
+    large tiles fit. Capability 12 (consumer Blackwell) has descriptors but 99 KiB; a capability
+    missing from ``SHARED_OPTIN`` is judged by its descriptors alone."""
+    if not tma_capable(device, capability):
+        return False
+    smem = shared_optin(device, capability)
+    return smem is None or smem >= HOPPER_SHARED_OPTIN
+
+
+#: Bytes of shared memory per block that the float32 defaults above head dim 128 ask for (Triton 3.9,
+#: pointer loads, sm_120: the forward 139,520, dq 131,072); GPUs with less get smaller tiles
+FP32_WIDE_SHARED = 139520
+
 #: A window whose band (keys of one class a query row can see: the window causal, twice it in both
 #: directions) is narrower than this runs its forward in 64 x 64 tiles on Hopper (default_config)
 NARROW_BAND = 2048
@@ -52,10 +96,21 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
     descriptors, so what fits and pipelines on an H200 is a sound start; an ahead-of-time compile for
     sm_100 checks that every default fits (tests/tuning/test_resources.py). ``msa-tune`` on a B200
     measures its own rows, by the same path as on an H200.
+
+    The choice follows the shared memory per block (``hopper_sized``), not a list of capabilities:
+    consumer Blackwell (capability 12.x: RTX 50xx, RTX PRO 6000) has tensor descriptors but 99 KiB
+    per block, like Ampere / Ada (8.6, 8.9), and gets their tiles, untimed; Hopper's D=128 forward
+    asks for 131,104 B there (Triton 3.9, sm_120 with descriptors). An ahead-of-time compile for
+    sm_120 checks that every default fits.
     """
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     if dtype == torch.float32:
+        smem = shared_optin(device, capability)
+        if head_dim > 128 and smem is not None and smem < FP32_WIDE_SHARED:
+            # 99 KiB per block (8.6, 8.9, 12.x), compiled for sm_120 by Triton 3.9: forward 67,712 B,
+            # dk/dv 100,352 B, dq 98,304 B (untimed)
+            return LaunchConfig(FwdConfig(32, 16, 4, 2), BwdConfig(16, 32, 4, 1, 16, 32, 4, 1))
         return LaunchConfig(FwdConfig(64, 32, 4, 2), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))
     if head_dim <= 64:
         # window=4096 H=32 N=131072 on the LSE2 backward: dk/dv (64, 64, 4, 2)
@@ -68,8 +123,9 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
         # (a probe since removed; git history keeps benchmarks/ws_probe.py). A narrow band: (64, 64, 4, 3), 1.477 ms
         # against 1.699 for causal=false,window=512 H=16 N=65536; for window=4096 the
         # 128-key tiles stay ahead (9.14 against 9.43 ms). Capability 10 (Blackwell) takes the same
-        # branch as 9: same shared memory per block, same descriptors (see the docstring)
-        if not tma_capable(device, capability):
+        # branch as 9: same shared memory per block, same descriptors; 12 (99 KiB per block) takes
+        # the pointer loads' tiles, which fit it with descriptors too (see the docstring)
+        if not hopper_sized(device, capability):
             fwd = FwdConfig(128, 64, 8, 3)
         elif narrow_band(pattern):
             fwd = FwdConfig(64, 64, 4, 3)

@@ -35,7 +35,12 @@ def use_descriptors(enabled: bool):
 
 def tma_capable(device: torch.device, capability: str | None = None) -> bool:
     """Compute capability 9 or newer (tensor descriptors / TMA): the given ``"major.minor"``, else
-    the device's; False for a CPU device or without a visible GPU."""
+    the device's; False for a CPU device or without a visible GPU.
+
+    Consumer Blackwell (12.x) included: it has TMA, and Triton (3.6, 3.9) lowers descriptors to
+    bulk tensor copies from capability 9 up (below, it rewrites them to pointer loads); an
+    ahead-of-time compile for sm_120 checks it (tests/tuning/test_resources.py). Its shared memory
+    is another matter: ``heuristics.hopper_sized``."""
     if device.type != "cuda":
         return False
     if capability is not None:

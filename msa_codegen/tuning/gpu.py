@@ -49,6 +49,7 @@ _RULES: tuple[tuple[str, str], ...] = (
 # machine without that GPU (same-capability fallback included).
 CAPABILITY: dict[str, str] = {
     "b200": "10.0", "b100": "10.0",
+    "rtx5090": "12.0", "rtx-pro-6000": "12.0",   # consumer Blackwell: 99 KiB of shared memory per block
     "h200": "9.0", "h100": "9.0", "h800": "9.0", "h20": "9.0",
     "a100": "8.0", "a800": "8.0", "a30": "8.0",
     "a10g": "8.6", "a10": "8.6", "a40": "8.6",

@@ -28,12 +28,15 @@ from pathlib import Path
 
 import torch
 
+from ..heuristics import SHARED_OPTIN
 from ..kernels import render
 
-SM90_SHARED_OPTIN = 232448   # bytes of shared memory per block (opt-in) on sm_90 (H100 / H200); on a GPU
-#                              the tuner asks the device (space.device_smem_bytes)
-SM100_SHARED_OPTIN = 232448  # the same on sm_100 (B200 / B100: 228 KiB per SM, 227 KiB per block); CUDA's
-#                              tuning guide for Blackwell gives both figures
+SM90_SHARED_OPTIN = SHARED_OPTIN["9.0"]    # 232448: bytes of shared memory per block (opt-in) on sm_90
+#                                            (H100 / H200); on a GPU the tuner asks the device (space.device_smem_bytes)
+SM100_SHARED_OPTIN = SHARED_OPTIN["10.0"]  # the same on sm_100 (B200 / B100: 228 KiB per SM, 227 KiB per block);
+#                                            CUDA's tuning guide for Blackwell gives both figures
+SM120_SHARED_OPTIN = SHARED_OPTIN["12.0"]  # 101376 (99 KiB) on sm_120 (RTX 50xx, RTX PRO 6000), as on 8.6 and 8.9:
+#                                            the CUDA C++ Programming Guide's per-capability table
 _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FLOATS = ("qk_scale", "sm_scale")

@@ -78,7 +78,7 @@ def test_estimate_agrees_with_an_ahead_of_time_compile_for_sm90(tmp_path):
     assert len(list((tmp_path / "home" / "smem-cache").glob("*.json"))) == 2
 
 
-# ---- Blackwell (sm_100): heuristic defaults, compiled ahead of time ------------------------------
+# ---- Blackwell (sm_100, sm_120): heuristic defaults, compiled ahead of time ---------------------
 
 def test_blackwell_defaults_are_the_hopper_tiles():
     """Capability 10 (B200 / B100) gets Hopper's defaults (same shared memory per block, same
@@ -97,60 +97,113 @@ def test_blackwell_defaults_are_the_hopper_tiles():
     assert resources.SM100_SHARED_OPTIN == resources.SM90_SHARED_OPTIN == 232448
 
 
-_SM100_SCRIPT = textwrap.dedent("""
+def test_consumer_blackwell_defaults_are_the_ampere_tiles():
+    """Capability 12 (RTX 50xx, RTX PRO 6000) has tensor descriptors but 99 KiB of shared memory per
+    block, as 8.6 does: it gets 8.6's defaults, chosen by the shared memory, not the capability."""
+    from msa_codegen.heuristics import default_config, hopper_sized, shared_optin
+    from msa_codegen.kernels.tma import tma_capable
+
+    cuda = torch.device("cuda")
+    assert tma_capable(cuda, "12.0") and tma_capable(cuda, "12.1")
+    assert shared_optin(cuda, "12.0") == shared_optin(cuda, "8.6") == resources.SM120_SHARED_OPTIN == 101376
+    assert not hopper_sized(cuda, "12.0") and hopper_sized(cuda, "9.0") and hopper_sized(cuda, "10.0")
+    assert hopper_sized(cuda, "11.0")   # not in the table: judged by its descriptors, as before
+    for d in (64, 128, 256):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for pattern in ("window=4096,dilation=2,sink=64", "causal=false,window=512", None):
+                for cap in ("12.0", "12.1"):
+                    assert default_config(cuda, d, dtype, cap, pattern) == default_config(cuda, d, dtype, "8.6", pattern)
+    assert default_config(cuda, 128, torch.bfloat16, "12.0").fwd != default_config(cuda, 128, torch.bfloat16, "9.0").fwd
+    # float32 above D=128: smaller tiles under FP32_WIDE_SHARED (99 KiB), the same ones from 8.0's 163 KiB up
+    wide = [default_config(cuda, 256, torch.float32, cap) for cap in ("8.0", "9.0", "12.0")]
+    assert wide[0] == wide[1] != wide[2]
+
+
+_DEFAULTS_SCRIPT = textwrap.dedent("""
     import dataclasses, json, sys
     import torch, triton
     from triton.compiler import ASTSource
     from msa_codegen.heuristics import default_config
     from msa_codegen.tuning import resources
+    capability, cases = sys.argv[1], json.loads(sys.argv[2])
     out = []
-    for pattern, d, directions in json.loads(sys.argv[1]):
-        cfg = default_config(torch.device("cuda"), d, torch.bfloat16, "10.0", pattern)
+    for pattern, d, directions, dtype in cases:
+        cfg = default_config(torch.device("cuda"), d, getattr(torch, dtype), capability, pattern)
         for direction in directions:
             params = dataclasses.asdict(cfg.fwd if direction == "fwd" else cfg.bwd)
-            shared = resources.candidate_shared(pattern, direction, params, head_dim=d, dtype=torch.bfloat16,
-                                                heads=16, kv_heads=4, seqlen=8192, capability="10.0")
-            out.append(dict(pattern=pattern, d=d, direction=direction, params=params, shared=shared))
-    # the target really is sm_100: one kernel compiled as kernel_shared compiles it, its PTX read back
+            shared = resources.candidate_shared(pattern, direction, params, head_dim=d, dtype=getattr(torch, dtype),
+                                                heads=16, kv_heads=4, seqlen=8192, capability=capability)
+            out.append(dict(pattern=pattern, d=d, dtype=dtype, direction=direction, params=params, shared=shared))
+    # the target really is the capability's: one kernel compiled as kernel_shared compiles it, its PTX
+    # read back (and its K/V loads are TMA's bulk tensor copies)
     name, kern, consts, warps, stages = resources.launches("window=4096,dilation=2,sink=64", "fwd",
-        dataclasses.asdict(default_config(torch.device("cuda"), 128, torch.bfloat16, "10.0").fwd), head_dim=128,
+        dataclasses.asdict(default_config(torch.device("cuda"), 128, torch.bfloat16, capability).fwd), head_dim=128,
         dtype=torch.bfloat16, heads=16, kv_heads=4, seqlen=8192)[0]
     sig, cst, attrs = resources._signature(kern, consts, "bf16", 4)
     k = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cst, attrs=attrs),
-                       target=resources.target_of("10.0"), options=dict(num_warps=warps, num_stages=stages))
+                       target=resources.target_of(capability), options=dict(num_warps=warps, num_stages=stages))
     target = [ln.split()[1] for ln in k.asm["ptx"].splitlines() if ln.startswith(".target")]
-    print(json.dumps(dict(results=out, target=target, shared=k.metadata.shared, triton=triton.__version__)))
+    print(json.dumps(dict(results=out, target=target, shared=k.metadata.shared, triton=triton.__version__,
+                          tma="cp.async.bulk.tensor" in k.asm["ptx"])))
 """)
 
 
-@pytest.mark.skipif(not HAS_NVIDIA, reason="needs triton.backends.nvidia (ahead-of-time compile for sm_100)")
-def test_blackwell_defaults_compile_for_sm100_within_shared_memory(tmp_path):
+def _ptxas_lacks(arch: int) -> str | None:
+    """Why Triton's bundled ptxas for ``sm_<arch>`` cannot compile for it, or None when it can."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        path = get_ptxas(arch).path
+        text = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60).stdout
+    except Exception as e:   # another Triton layout, or no ptxas
+        return f"cannot ask Triton's ptxas about sm_{arch}: {type(e).__name__}: {e}"
+    return None if f"sm_{arch}" in text else f"Triton's bundled ptxas ({path}) does not list sm_{arch}"
+
+
+# Every head-dim branch, forward and backward (dk/dv, its prefix pass, dq), and the narrow-band
+# forward where it has its own tiles (sm_120's narrow band is its plain forward: not compiled twice),
+# bf16; on sm_120 also float32 at D=256, whose wide tiles only 99 KiB GPUs trade for smaller ones
+_WINDOW_CASES = [("window=4096,dilation=2,sink=64", d, ["fwd", "bwd"], "bfloat16") for d in (64, 128, 256)]
+_NARROW_CASE = ("causal=false,window=512,dilation=2,sink=64", 128, ["fwd"], "bfloat16")   # 64 x 64, Hopper-sized
+_FP32_WIDE_CASE = ("window=4096,dilation=2,sink=64", 256, ["fwd", "bwd"], "float32")
+
+
+@pytest.mark.skipif(not HAS_NVIDIA, reason="needs triton.backends.nvidia (ahead-of-time compile)")
+@pytest.mark.parametrize("capability, limit, cases", [
+    ("10.0", resources.SM100_SHARED_OPTIN, _WINDOW_CASES + [_NARROW_CASE]),
+    ("12.0", resources.SM120_SHARED_OPTIN, _WINDOW_CASES + [_FP32_WIDE_CASE]),
+], ids=["sm_100", "sm_120"])
+def test_blackwell_defaults_compile_within_shared_memory(tmp_path, capability, limit, cases):
     """The window / dilation / sink kernels, forward and backward (dk/dv, its prefix pass, dq), with
-    the capability-10 defaults of each head-dim branch, and the narrow-band forward, compiled for
-    GPUTarget("cuda", 100, 32) on this CPU (Triton's bundled ptxas-blackwell; Triton 3.6 and 3.9
-    both have it), specialised as a launch is: each compiles and asks for at most the 227 KiB per
-    block of a B200. Several minutes on a busy 2-core CPU (the backward's kernels dominate)."""
+    the capability's defaults of each head-dim branch, compiled for GPUTarget("cuda", 100 or 120, 32)
+    on this CPU (Triton's bundled ptxas-blackwell: Triton 3.6's, CUDA 12.8, and 3.9's, CUDA 13.4,
+    list sm_100 and sm_120), specialised as a launch is: each compiles, with its K/V through TMA, and
+    asks for at most the shared memory per block of a B200 (227 KiB) or an RTX 50xx (99 KiB).
+    Minutes each on a busy 2-core CPU (the backward's kernels dominate)."""
     if torch.cuda.is_available():
         pytest.skip("a CPU check: on a GPU machine the GPU tests run the kernels")
-    cases = [("window=4096,dilation=2,sink=64", d, ["fwd", "bwd"]) for d in (64, 128, 256)] + [
-        ("causal=false,window=512,dilation=2,sink=64", 128, ["fwd"])]   # the narrow-band forward (64 x 64)
+    arch = int(float(capability) * 10)
+    why = _ptxas_lacks(arch)
+    if why:
+        pytest.skip(why)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    p = subprocess.run([sys.executable, "-c", _SM100_SCRIPT, json.dumps(cases)], env=env, capture_output=True,
-                       text=True, timeout=900)
+    p = subprocess.run([sys.executable, "-c", _DEFAULTS_SCRIPT, capability, json.dumps(cases)], env=env,
+                       capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["target"] and all(t.startswith("sm_100") for t in got["target"]), got["target"]
-    assert 0 < got["shared"] <= resources.SM100_SHARED_OPTIN
+    assert got["target"] and all(t.startswith(f"sm_{arch}") for t in got["target"]), got["target"]
+    assert got["tma"] and 0 < got["shared"] <= limit
     results = got["results"]
     assert len(results) == sum(len(c[2]) for c in cases)
-    assert {r["params"]["block_n"] for r in results if r["direction"] == "fwd"} == {32, 64, 128}
+    # Hopper-sized: 128-key forward tiles at D=128; 99 KiB: 64-key ones
+    fwd_keys = {32, 64, 128} if limit >= resources.SM90_SHARED_OPTIN else {16, 32, 64}
+    assert {r["params"]["block_n"] for r in results if r["direction"] == "fwd"} == fwd_keys
     for r in results:
         kernels = {"fwd"} if r["direction"] == "fwd" else {"dk/dv", "dk/dv prefix", "dq"}
         assert set(r["shared"]) == kernels, r
-        assert all(0 < b <= resources.SM100_SHARED_OPTIN for b in r["shared"].values()), r
-    print(f"Triton {got['triton']}, sm_100:", "; ".join(f"{r['pattern']} D={r['d']} {r['direction']}: {r['shared']}"
-                                                        for r in results))
+        assert all(0 < b <= limit for b in r["shared"].values()), r
+    print(f"Triton {got['triton']}, sm_{arch}:", "; ".join(
+        f"{r['pattern']} D={r['d']} {r['dtype']} {r['direction']}: {r['shared']}" for r in results))
 
 
 def test_signature_specialises_as_a_launch():
