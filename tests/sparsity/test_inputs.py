@@ -72,6 +72,64 @@ def test_topk_fp16_gqa_select_blocks(device):
                   dtype=torch.float16, device=device, make=make)
 
 
+
+def _unmasked_mix(pattern):
+    """block_indices that give every query block both kinds of key block: far left ones (the
+    unmasked path when the tile lies in one query block), the diagonal block, its left
+    neighbour (inside a window band), block 0 (sink / global columns), a block right of the
+    diagonal (direction), -1 slots and a repeated id; the two batches differ."""
+    def make(b, hq, hkv, nq, nk, gen):
+        spec = msa.parse(pattern).groups[0].spec
+        nqb, nkb = -(-nq // spec.block), -(-nk // spec.block)
+        rows = []
+        for qb in range(nqb):
+            far = [gen.randrange(0, max(qb - 1, 1)), gen.randrange(0, max(qb - 1, 1))]
+            row = [far[0], qb, max(qb - 1, 0), 0, min(qb + 1, nkb - 1), -1, far[1], far[0]]
+            rows.append(row[:spec.topk])
+        one = torch.tensor(rows, dtype=torch.int32)
+        idx = torch.stack([one.roll(s_, dims=1) for s_ in range(b)])[:, None].expand(b, hkv, nqb, spec.topk)
+        return {"block_indices": idx.contiguous()}
+    return make
+
+
+@pytest.mark.parametrize("pattern,n,cfg", [
+    # block 64, query tiles of 32 rows (dk/dv: 32-row query blocks, 32-key tiles)
+    ("window=40,sink=4,topk=8,block=64", 520,
+     LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 64, 4, 1))),
+    ("causal=false,window=20,dilation=2,global=3,topk=7,block=64", 450,
+     LaunchConfig(FwdConfig(32, 64, 4, 1), BwdConfig(16, 32, 4, 1, 32, 32, 4, 1))),
+    # block 128: tiles of 64 and 32 rows; a dilated band (dk/dv key tiles of 2 x 32 positions)
+    ("window=100,dilation=2,topk=6,block=128", 700,
+     LaunchConfig(FwdConfig(64, 64, 4, 1), BwdConfig(32, 32, 4, 1, 64, 32, 4, 1))),
+    ("topk=5,block=128", 600,
+     LaunchConfig(FwdConfig(32, 128, 4, 1), BwdConfig(64, 64, 4, 1, 32, 64, 4, 1))),
+    # tiles larger than the block: every block masked (the fallback)
+    ("window=12,topk=4,block=16", 200,
+     LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 32, 4, 1))),
+], ids=["sink-window-b64-bm32", "bidir-dil-global-b64", "dil-b128-bm64", "topk-only-b128", "b16-bm32-all-masked"])
+def test_topk_unmasked_and_masked_blocks(pattern, n, cfg, device):
+    """Top-k tables mixing blocks that run without a mask (left of the query block, past the
+    prefix and the window band) with the diagonal block, band and sink blocks and -1 slots, in
+    one call: out, LSE, dq, dk, dv against the float64 reference."""
+    with use_config(cfg):
+        check_dynamic(pattern, b=2, hq=2, hkv=1, nq=n, device=device, make=_unmasked_mix(pattern))
+
+
+@pytest.mark.parametrize("pattern,n", [("window=16,random=3,seed=1,block=64", 400),
+                                       ("causal=false,sink=5,window=10,random=2,seed=4,block=64", 330)],
+                         ids=["random-causal", "random-bidir-sink"])
+def test_random_unmasked_and_masked_blocks(pattern, n, device):
+    """Random blocks take the same two paths as top-k blocks."""
+    with use_config(LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 64, 4, 1))):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=n, device=device)
+
+
+def test_fp16_topk_unmasked_blocks(device):
+    with use_config(LaunchConfig(FwdConfig(32, 32, 4, 1), BwdConfig(32, 32, 4, 1, 32, 64, 4, 1))):
+        check_dynamic("window=40,sink=4,topk=8,block=64", b=1, hq=2, hkv=1, nq=330, d=64, dtype=torch.float16,
+                      device=device, make=_unmasked_mix("window=40,sink=4,topk=8,block=64"))
+
+
 DOC_PATTERNS = [
     "causal",
     "causal=false",
