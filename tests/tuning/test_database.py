@@ -257,14 +257,21 @@ def test_schema_2_key_of_the_running_kernels():
     """``kernel_hash_v2`` (the running kernels spelled as schema 2's templates wrote them) gives
     the key schema 2 gave: data/schema2_kernel_hashes.json holds ``kernel_hash`` of commit 420e367
     for 66 patterns (every term, the tuning grid's patterns). So the renames and the dropped
-    constants are the only differences of the kernels' code, and the migration finds every row."""
+    constants are the only differences of the kernels' code, and the migration finds every row.
+    Random and top-k plans are the exception: their blocks left of the query block have run
+    unmasked since (branch topk-unmasked), other code than schema 2's rows were measured on, so
+    their rows stay stale."""
     import json
 
     from msa_codegen.tuning.migrations import kernel_hash_v2
 
     expected = json.loads((DATA / "schema2_kernel_hashes.json").read_text())
     assert len(expected) == 66
-    assert {p: kernel_hash_v2(p) for p in expected} == expected
+    changed = {p for p in expected if any(g.spec.random or g.spec.topk for g in parse(p).groups)}
+    assert len(changed) == 13
+    assert {p: kernel_hash_v2(p) for p in expected if p not in changed} == {
+        p: h for p, h in expected.items() if p not in changed}
+    assert not {p for p in changed if kernel_hash_v2(p) == expected[p]}
     assert not {p for p in expected if kernel_hash(p) == expected[p]}
 
 
