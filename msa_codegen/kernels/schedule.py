@@ -17,9 +17,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def pow2(n: int) -> int:
+    """The power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def block_d(head_dim: int) -> int:
     """The kernels' padded head dim: the power of two >= head_dim, at least 16."""
-    return max(16, 1 << (head_dim - 1).bit_length())
+    return max(16, pow2(head_dim))
 
 
 def dot_precision(dtype: torch.dtype) -> str:

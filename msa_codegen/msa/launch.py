@@ -14,7 +14,7 @@ import torch
 
 from ..config import length_bucket
 from ..kernels.render import load_kernels
-from ..kernels.schedule import block_d, cdiv, dot_precision
+from ..kernels.schedule import block_d, cdiv, dot_precision, pow2
 from ..pattern.spec import parse
 from ..tuning import lookup as tuning_lookup
 
@@ -136,7 +136,7 @@ def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
     (BWD_ROWS); above head dim 128, 32 keys keep dK, dV and the proxy's dK within registers and
     shared memory.
     """
-    block_k = max(2, _pow2(n_sel))
+    block_k = max(2, pow2(n_sel))
     return MsaConfig(select_block_m=min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
                                         32 if block_k <= 128 else 16),
                      select_warps=8, select_stages=2, fwd_rows=FWD_ROWS, fwd_warps=8, bwd_rows=BWD_ROWS,
@@ -146,10 +146,6 @@ def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
 def kernels():
     """The kernel module, imported on first use (TRITON_INTERPRET is read when kernels are defined)."""
     return load_kernels(".kernels", __package__)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _last_stride_one(t: torch.Tensor) -> torch.Tensor:
@@ -210,7 +206,7 @@ def select_meta(hp: int, hpk: int, dp: int, block: int, n_sel: int, has_docs: bo
     if block % block_m:
         raise ValueError(f"select_block_m={block_m} must divide block={block}")
     return dict(HP=hp, HP_PER_K=hp // hpk, DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_M=block_m, K=n_sel,
-                BLOCK_K=max(2, _pow2(n_sel)), HAS_DOCS=has_docs, DOT_PREC=dot_precision(dtype),
+                BLOCK_K=max(2, pow2(n_sel)), HAS_DOCS=has_docs, DOT_PREC=dot_precision(dtype),
                 num_warps=_pick("select_warps", default.select_warps),
                 num_stages=_pick("select_stages", default.select_stages))
 
@@ -283,7 +279,7 @@ def _stages(d: int, dp: int, rows: int) -> int:
 def _tile_entries(g: int, rows: int) -> tuple[int, int]:
     """Entries per tile and the heads per entry padded to a power of two; at least 16 entries
     (the teaching gradient's products run over the entries)."""
-    gp = _pow2(g)
+    gp = pow2(g)
     return max(16, rows // gp), gp
 
 

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ..kernels.schedule import pow2
 from ..msa import launch
 from ..msa.api import msa_attention
 from .keys import MSA_FIELDS, TuningKey, library_version
@@ -63,7 +64,7 @@ def why_excluded(direction: str, params: dict, problem: MsaProblem) -> str | Non
     if direction == "fwd":
         if problem.block % params["select_block_m"]:
             return f"select_block_m={params['select_block_m']} does not divide block={problem.block}"
-        n_sel = max(2, launch._pow2(problem.top_k // problem.block))
+        n_sel = max(2, pow2(problem.top_k // problem.block))
         cap = launch.default_config(problem.block, problem.top_k // problem.block, problem.head_dim,
                                     problem.head_dim).select_block_m
         if n_sel > 32 and params["select_block_m"] > cap:
