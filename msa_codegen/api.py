@@ -81,19 +81,26 @@ def check_qkv(q, k, v, lengths_may_differ=False, float64_ok=False) -> None:
         raise ValueError(f"head dim must be between 16 and 256, got {d}")
 
 
-def check_device(t: torch.Tensor, what: str) -> None:
-    """The kernels run on CUDA, or on the CPU in Triton's interpreter (not in bf16 there)."""
+def check_location(t: torch.Tensor, what: str, alternative: str = "") -> None:
+    """Kernels run on CUDA, or on the CPU in Triton's interpreter; ``alternative`` ends the CPU
+    message (another way to get the result)."""
     if t.device.type == "cpu":
         if not interpreting():
             raise ValueError(
                 f"{what} are CPU tensors, but the kernels run on CUDA: move them to a GPU, or set "
                 "TRITON_INTERPRET=1 in the environment before msa_codegen loads its kernels to run them "
-                "in Triton's interpreter (slow; for tests)")
-        if t.dtype == torch.bfloat16:
-            raise TypeError("bfloat16 is not supported in Triton's interpreter (its bf16 tl.dot is wrong as "
-                            "of Triton 3.9); use float16 or float32 on the CPU, or a GPU")
+                f"in Triton's interpreter (slow; for tests){alternative}")
     elif t.device.type != "cuda":
         raise ValueError(f"unsupported device {t.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+
+
+def check_device(t: torch.Tensor, what: str) -> None:
+    """The attention kernels run on CUDA, or on the CPU in Triton's interpreter (not in bf16
+    there: their products take the inputs' dtype)."""
+    check_location(t, what)
+    if t.device.type == "cpu" and t.dtype == torch.bfloat16:
+        raise TypeError("bfloat16 is not supported in Triton's interpreter (its bf16 tl.dot is wrong as "
+                        "of Triton 3.9); use float16 or float32 on the CPU, or a GPU")
 
 
 def _check_inputs(q, k, v, scale, lengths_may_differ=False):
