@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.schedule import block_d, cdiv, pow2
+
 __all__ = ["select_blocks", "hash_sort"]
 
 #: most blocks kept per query block: the running top lives in registers (W=1024 at D=256 asks
@@ -27,14 +29,6 @@ def _kernels():
     return load_kernels(".select_kernels", __package__)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _check_x(name: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -45,15 +39,12 @@ def _check_x(name: str, x) -> None:
 
 
 def _check_device(x: torch.Tensor) -> None:
-    """select_blocks' kernels run on CUDA, or on the CPU in Triton's interpreter."""
-    from ..kernels.render import interpreting
+    """select_blocks' kernels run on CUDA, or on the CPU in Triton's interpreter (bfloat16 included:
+    their products are of the float32 means)."""
+    from ..api import check_location
 
-    if x.device.type == "cpu" and not interpreting():
-        raise ValueError("select_blocks got CPU tensors, but its kernels run on CUDA: move q and k to a GPU, or "
-                         "set TRITON_INTERPRET=1 before msa_codegen loads its kernels (Triton's interpreter; slow) "
-                         "or use msa_codegen.sparsity.reference.select_blocks_reference (plain PyTorch)")
-    if x.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {x.device}: expected a CUDA device (or CPU with TRITON_INTERPRET=1)")
+    check_location(x, "select_blocks' q and k",
+                   "; or use msa_codegen.sparsity.reference.select_blocks_reference (plain PyTorch)")
 
 
 def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
@@ -65,7 +56,7 @@ def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
     of select_blocks' peak at N=131072, H=16, D=128, per issue 19.)
     """
     b, h, n, d = x.shape
-    nb, ho = _cdiv(n, block), h // group
+    nb, ho = cdiv(n, block), h // group
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(b, ho, nb, d, dtype=torch.float32, device=x.device)
@@ -77,7 +68,7 @@ def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
 
 def _means_meta(d: int, block: int, group: int) -> dict:
     """The block-means kernel's constexprs and launch options: rows summed BLOCK_R at a time."""
-    return dict(G=group, D=d, BLOCK_D=max(16, _pow2(d)), BLOCK=block, BLOCK_R=min(64, max(16, _pow2(block))),
+    return dict(G=group, D=d, BLOCK_D=block_d(d), BLOCK=block, BLOCK_R=min(64, max(16, pow2(block))),
                 num_warps=4)
 
 
@@ -89,15 +80,15 @@ def _select_meta(d: int, slots: int, causal: bool) -> dict:
     fewer rows per program as W grows. Scores are full float32 products (``ieee``): the
     ranking is that of float32 arithmetic, not of tf32's 10-bit mantissas.
     """
-    w = max(16, _pow2(slots))
-    block_d = max(16, _pow2(d))
+    w = max(16, pow2(slots))
+    bd = block_d(d)
     # sm_90, Triton 3.6, ptxas -v (2026-12, offline): no spills with these rows and warps; W=32
     # with 4 warps spilled 1.8 KB, W=64 with 4 warps 2.5 KB
     block_m = 64 if w <= 32 else 32 if w <= 64 else 16
     # the pooled keys' float32 tile [BLOCK_N, BLOCK_D] within 32 KiB of shared memory (K=256 at
     # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
-    block_n = max(16, min(w, 8192 // block_d))
-    return dict(D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="ieee",
+    block_n = max(16, min(w, 8192 // bd))
+    return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="ieee",
                 num_warps=4 if w <= 16 else 8, num_stages=2)
 
 
@@ -143,7 +134,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     if k.device != q.device:
         raise ValueError(f"q and k must be on one device, got {q.device} and {k.device}")
     _check_device(q)
-    nb = _cdiv(n, block)
+    nb = cdiv(n, block)
     if min(topk, nb) > MAX_SLOTS:
         raise ValueError(f"select_blocks keeps at most {MAX_SLOTS} blocks per query block, got topk={topk} "
                          f"with {nb} blocks of {block}: use a larger block")
@@ -154,7 +145,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     km = _block_means(k, block)                                        # (B, Hkv, nb, D)
     # a row has at most nb candidates: slots past them stay -1
     meta = _select_meta(d, min(topk, nb), causal)
-    grid = (_cdiv(nb, meta["BLOCK_M"]), b * hkv)
+    grid = (cdiv(nb, meta["BLOCK_M"]), b * hkv)
     _kernels().block_select_kernel[grid](qm, km, out, nb, min(topk, meta["W"]), topk, **meta)
     return out
 
