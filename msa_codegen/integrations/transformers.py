@@ -297,10 +297,9 @@ def _segments(position_ids: torch.Tensor) -> torch.Tensor:
     return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
 
 
-def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
-    """transformers' attention hook for ``"msa"``: q ``(B, Hq, N, D)``, k/v ``(B, Hkv, Nk, D)``;
-    returns ``((B, N, Hq, D), None)``."""
+def _refuse_unsupported(module: torch.nn.Module, dropout: float, kwargs: dict) -> None:
+    """What neither attention hook supports: dropout, soft-capping, attention sinks (``s_aux``),
+    bidirectional layers."""
     if dropout:
         raise ValueError(f"msa: attention dropout ({dropout}) is not supported; set the config's attention_dropout "
                          f"to 0 for training with attn_implementation='msa' (it is only applied in training mode)")
@@ -309,6 +308,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             raise ValueError(f"msa: {kw} is not supported (this model's attention needs it)")
     if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
         raise ValueError("msa: bidirectional (non-causal) attention layers are not supported")
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """transformers' attention hook for ``"msa"``: q ``(B, Hq, N, D)``, k/v ``(B, Hkv, Nk, D)``;
+    returns ``((B, N, Hq, D), None)``."""
+    _refuse_unsupported(module, dropout, kwargs)
     if value.shape[-1] != query.shape[-1]:
         raise ValueError(f"msa: value head dim {value.shape[-1]} differs from the query/key head dim "
                          f"{query.shape[-1]}")
@@ -372,14 +378,7 @@ def context_parallel_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     end)``: rotary embeddings use them, and a model called without them numbers every slice from
     0) and without an attention mask, packed sequences or a KV cache, which raise.
     """
-    if dropout:
-        raise ValueError(f"msa: attention dropout ({dropout}) is not supported; set the config's attention_dropout "
-                         f"to 0 for training with attn_implementation='msa' (it is only applied in training mode)")
-    for kw in ("softcap", "s_aux"):
-        if kwargs.get(kw) is not None:
-            raise ValueError(f"msa: {kw} is not supported (this model's attention needs it)")
-    if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
-        raise ValueError("msa: bidirectional (non-causal) attention layers are not supported")
+    _refuse_unsupported(module, dropout, kwargs)
     if attention_mask is not None or kwargs.get("cu_seq_lens_q") is not None \
             or kwargs.get("cu_seq_lens_k") is not None or query.shape[2] != key.shape[2]:
         raise ValueError("msa (context parallel): only whole sequences split in slices are supported: no padding "
