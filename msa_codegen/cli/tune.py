@@ -266,18 +266,10 @@ def run(args) -> int:
                 not_done.append(f"bucket {b} {direction} (stopped after {stats.trials} of {trials} trials; best "
                                 f"so far stored)")
             results.append(res)
-    print()
-    print(table(results))
-    if not cuda:
-        print("\n(Triton interpreter: the times above are NOT meaningful for any GPU.)")
-    print(f"\nstored in {db_path}; `msa-codegen which --pattern {pattern!r} --seqlen N ...` shows what runs")
-    if not_done:
-        print(f"budget of {args.budget_minutes:g} min spent after {(time.monotonic() - started) / 60:.1f} min; "
-              f"not done: {'; '.join(not_done)} (run again to continue: finished trials are kept)")
-    if missing:
-        print(f"{PROG}: error: nothing valid measured for {', '.join(missing)}", file=sys.stderr)
-        return 1
-    return 0
+    budget = (f"budget of {args.budget_minutes:g} min spent after {(time.monotonic() - started) / 60:.1f} min; "
+              f"not done: {'; '.join(not_done)} (run again to continue: finished trials are kept)"
+              if not_done else None)
+    return _report(results, cuda, db_path, f"--pattern {pattern!r} --seqlen N ...", missing, budget)
 
 
 def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype, dtype_flag, directions,
@@ -318,12 +310,19 @@ def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype
             print(f"bucket {b} {direction}: {res.trials} trials, {res.pruned} pruned, {len(res.failures)} failed, "
                   f"best {res.median_ms:.4g} ms", flush=True)
             results.append(res)
+    return _report(results, cuda, db_path, f"--pattern {pattern!r} --seqlen N --heads {heads} --proxy-heads {hp} ...",
+                   missing)
+
+
+def _report(results, cuda: bool, db_path, which_args: str, missing: list[str], budget: str | None = None) -> int:
+    """The end of a run: the table, where the rows went, what the budget left undone, the exit code."""
     print()
     print(table(results))
     if not cuda:
         print("\n(Triton interpreter: the times above are NOT meaningful for any GPU.)")
-    print(f"\nstored in {db_path}; `msa-codegen which --pattern {pattern!r} --seqlen N --heads {heads} "
-          f"--proxy-heads {hp} ...` shows what runs")
+    print(f"\nstored in {db_path}; `msa-codegen which {which_args}` shows what runs")
+    if budget:
+        print(budget)
     if missing:
         print(f"{PROG}: error: nothing valid measured for {', '.join(missing)}", file=sys.stderr)
         return 1
