@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--pattern", default="window=4096,dilation=2")
     ap.add_argument("--n", type=int, default=131072)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rep", type=int, default=200)
     ap.add_argument("--fwd-only", action="store_true", help="only the forward configurations, no profile")
@@ -46,13 +47,13 @@ def main():
 
         use_descriptors(False).__enter__()   # for the whole run
     dev = torch.device("cuda")
-    q, k, v, do = (torch.randn(1, a.heads, a.n, a.head_dim, device=dev, dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = (torch.randn(a.batch, a.heads, a.n, a.head_dim, device=dev, dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_()
     spec = msa.parse(a.pattern).groups[0].spec
-    flops = 4.0 * a.head_dim * a.heads * attended_pairs(spec, a.n)
+    flops = 4.0 * a.head_dim * a.heads * a.batch * attended_pairs(spec, a.n)
     base = default_config(dev, a.head_dim, torch.bfloat16, pattern=str(msa.parse(a.pattern)))
-    print(f"{a.pattern} H={a.heads} N={a.n} D={a.head_dim}; default {base}")
+    print(f"{a.pattern} B={a.batch} H={a.heads} N={a.n} D={a.head_dim}; default {base}")
     rows = []
     for f in ([] if a.bwd_only else fwd_cfgs):
         cfg = LaunchConfig(f, base.bwd)

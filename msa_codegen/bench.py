@@ -44,6 +44,7 @@ class Case:
     hkv: int = 16
     n: int = 131072
     d: int = 128
+    b: int = 1
     peer: str = "flex"     # "flex" or "sdpa"
     reps_ms: int = 0       # at least this timing budget (long cases need several repetitions)
     dense_ratio: bool = False   # also extrapolate dense causal SDPA to this length
@@ -59,6 +60,11 @@ CASES = [
     Case("d64-w4096", "window=4096", hq=32, hkv=32, d=64),
     Case("dense-causal", "causal", n=16384, peer="sdpa"),
     Case("w4096-1M", "window=4096", n=1 << 20, reps_ms=3000, dense_ratio=True),
+    # encoder-sized bidirectional windows (BERT / Longformer heads): short sequences, large batch
+    Case("enc-w256-4k", "causal=false,window=256", hq=12, hkv=12, n=4096, d=64, b=8),
+    Case("enc-w512-4k", "causal=false,window=512", hq=12, hkv=12, n=4096, d=64, b=8),
+    Case("enc-w256-8k", "causal=false,window=256", hq=12, hkv=12, n=8192, d=64, b=8),
+    Case("enc-w512-8k", "causal=false,window=512", hq=12, hkv=12, n=8192, d=64, b=8),
 ]
 
 
@@ -97,7 +103,7 @@ def _flops(case: Case) -> float:
     specs = [spec for _, _, spec in parse(case.pattern).head_groups(case.hq)]
     pairs = sum(attended_pairs(s, case.n) * (h1 - h0) for (h0, h1, s) in parse(case.pattern).head_groups(case.hq))
     del specs
-    return 4.0 * case.d * pairs
+    return 4.0 * case.d * pairs * case.b
 
 
 def _mask_mod(spec: Spec):
@@ -154,7 +160,7 @@ def label_rows(rows, case, results, dtype) -> None:
     ``results`` {impl: (fwd_ms, fwdbwd_ms)} (msa-bench and bench_dynamic)."""
     ours = results.get("msa_codegen")
     for row in rows:
-        row.update(case=case.name, pattern=case.pattern, B=1, Hq=case.hq, Hkv=case.hkv, N=case.n, D=case.d,
+        row.update(case=case.name, pattern=case.pattern, B=getattr(case, "b", 1), Hq=case.hq, Hkv=case.hkv, N=case.n, D=case.d,
                    dtype=str(dtype).replace("torch.", ""))
         if ours and row["impl"] in results and row["impl"] != "msa_codegen":
             row["ratio_fwd"] = ours[0] / results[row["impl"]][0]
@@ -165,10 +171,10 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
     reps_ms = max(reps_ms, case.reps_ms)
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(1, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
-    k = torch.randn(1, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
-    v = torch.randn(1, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
-    do = torch.randn(1, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g)
+    q = torch.randn(case.b, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    k = torch.randn(case.b, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    v = torch.randn(case.b, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
+    do = torch.randn(case.b, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g)
     flops_fwd = _flops(case)
     rows = []
     # the bytes the issue's memory bar is stated in: q, k, v, o, do, dq, dk, dv and the LSE
@@ -340,7 +346,7 @@ def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=Non
 
 def main(argv=None):
     return bench_main("msa-bench", CASES, run_case, _fmt,
-                      lambda c: f"{c.pattern} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv, summary=table)
+                      lambda c: f"{c.pattern} B={c.b} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv, summary=table)
 
 
 def _fmt(r) -> str:

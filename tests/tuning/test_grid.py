@@ -9,9 +9,9 @@ import sqlite3
 import pytest
 import torch
 
-from msa_codegen.bench import CASES
 from msa_codegen.pattern.spec import parse
 from msa_codegen.tuning import grid
+from msa_codegen.tuning.grid import BENCH_CASES as CASES
 from msa_codegen.tuning.keys import bucket, triton_version
 from msa_codegen.tuning.measure import representative_problem
 
