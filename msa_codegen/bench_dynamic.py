@@ -56,6 +56,7 @@ CASES = [
     DynCase("qk-sparse-30", "qk", "causal", 32768),
     DynCase("topk16", "topk", "topk=16", 131072),
     DynCase("topk16-1m", "topk", "topk=16", 1048576),
+    DynCase("topk16-gqa", "topk", "topk=16", 131072, hq=32, hkv=8),
 ]
 
 
