@@ -41,7 +41,7 @@ def test_narrow_band_forward_default():
             == default_config(cuda, 128, bf16, "9.0").bwd)
     # D=64 (encoder-sized heads): 64 x 64 forward tiles and 32-row dk/dv tiles on a narrow band
     enc = default_config(cuda, 64, bf16, "9.0", "causal=false,window=256")
-    assert enc.fwd == FwdConfig(64, 64, 4, 3) and (enc.bwd.block_m1, enc.bwd.block_n1) == (32, 64)
+    assert enc.fwd == FwdConfig(64, 64, 4, 2) and (enc.bwd.block_m1, enc.bwd.block_n1) == (32, 64)
     wide = default_config(cuda, 64, bf16, "9.0", "window=4096")
     assert wide.fwd == FwdConfig(128, 64, 8, 3) and (wide.bwd.block_m1, wide.bwd.block_n1) == (64, 64)
     assert default_config(cuda, 64, bf16, "8.0", "causal=false,window=256") == default_config(cuda, 64, bf16, "8.0")
