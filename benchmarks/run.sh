@@ -18,6 +18,8 @@
 #              filled). BUDGET / HARD: seconds to stop starting entries / kill
 #   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
 #              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
+#   select     benchmarks/select_probe.py: select_blocks' selection kernel in its launch variants
+#              (rows / candidates per step, warps, sort-and-merge against insertion) at 128k and 1M
 #   ws-check   does this Triton's warp specialisation work on those loops? (ceiling_probe.py's
 #              sets ws-dup / ws-host, one process per kernel under a 90 s timeout: they can
 #              fault or hang)
@@ -97,6 +99,9 @@ case "$suite" in
     done ;;
   ceiling)
     { header; limit python3 benchmarks/ceiling_probe.py --rep 200 "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  select)
+    { header; limit python3 benchmarks/select_probe.py "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   ws-check)
     header | tee "$log"

@@ -19,7 +19,9 @@ keys of each row in registers, sorted descending, and walks the candidate blocks
 (BLOCK_N = W unless the pooled keys' tile would not fit in shared memory): a tile of scores
 (``tl.dot`` of the pooled vectors), its keys (widened to W with EMPTY) sorted ascending, the
 elementwise max with the running top (the W largest of both, a bitonic sequence), a bitonic
-merge. Nothing
+merge. With INSERT the top is kept unsorted and a tile's keys go in by ``insert_keys`` (BLOCK_N
+may then exceed W), one sort at the end: the same result, fewer steps per tile once a row's top
+has settled (an option until it is timed on a GPU: ``benchmarks/select_probe.py``). Nothing
 N/block x N/block is stored: the extra memory is the pooled vectors and the output.
 """
 import triton
@@ -58,6 +60,26 @@ def merge_top(top, keys):
     per row, sorted descending (W a power of two)."""
     # ascending against descending: the elementwise max holds the W largest and is bitonic
     return tl.bitonic_merge(tl.maximum(top, tl.sort(keys, dim=1)), dim=1, descending=True)
+
+
+@triton.jit
+def insert_keys(top, keys):
+    """``top`` [R, W] in any order and ``keys`` [R, BN] -> the W largest of both per row, in any
+    order, by insertion: each step puts every row's best remaining key in the place of its
+    smallest kept key, if larger. As many steps as the most keys one row has above its smallest
+    kept key: after the first tiles of a long row, zero to two, where ``merge_top`` always sorts
+    the whole tile and merges. Keys of a row are distinct (the block is in the low half)."""
+    W: tl.constexpr = top.shape[1]
+    o_w = tl.arange(0, W)
+    cand = tl.where(keys > tl.min(top, axis=1)[:, None], keys, EMPTY)
+    steps = tl.max(tl.sum((cand != EMPTY).to(tl.int32), axis=1), axis=0)
+    for _ in range(steps):
+        best = tl.max(cand, axis=1)
+        cand = tl.where(cand == best[:, None], EMPTY, cand)
+        low = tl.min(top, axis=1)
+        at = tl.argmin(top, axis=1)
+        top = tl.where((o_w[None, :] == at[:, None]) & (best > low)[:, None], best[:, None], top)
+    return top
 
 
 @triton.jit
@@ -101,7 +123,7 @@ def block_means_kernel(X, OUT, s_b, s_h, s_n, N, NB, HO,
 @triton.jit
 def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+                        W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, INSERT: tl.constexpr):
     # heaviest (last) row tiles first when causal: their loop is longest
     i_m = tl.num_programs(0) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -115,7 +137,8 @@ def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
     p_k0 = KM + i_bh.to(tl.int64) * NB * D
     # [BLOCK_M, BLOCK_D] pooled queries
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)
-    # [BLOCK_M, W] the best keys so far, descending
+    # [BLOCK_M, W] the best keys so far: descending (merge_top), any order (INSERT: insert_keys,
+    # sorted once at the end)
     top = tl.full([BLOCK_M, W], EMPTY, tl.int64)
     if CAUSAL:
         hi = tl.minimum(NB, (i_m + 1) * BLOCK_M)
@@ -133,9 +156,14 @@ def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
             m_s = m_s & (o_n[None, :] <= o_m[:, None])
         key = score_key(b_s, o_n[None, :])
         key = tl.where(o_n[None, :] == o_m[:, None], own_key(key), tl.where(m_s, key, EMPTY))
-        if BLOCK_N < W:
-            key = _widen(key, W)
-        top = merge_top(top, key)
+        if INSERT:
+            top = insert_keys(top, key)
+        else:
+            if BLOCK_N < W:
+                key = _widen(key, W)
+            top = merge_top(top, key)
+    if INSERT:
+        top = tl.sort(top, dim=1, descending=True)
     b_idx = tl.where(top == EMPTY, -1, key_index(top))
     p_o = IDX + (i_bh.to(tl.int64) * NB + o_m[:, None]) * s_o + o_w[None, :]
     tl.store(p_o, b_idx, mask=m_m[:, None] & (o_w[None, :] < K_OUT))

@@ -89,7 +89,7 @@ def _select_meta(d: int, slots: int, causal: bool) -> dict:
     # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
     block_n = max(16, min(w, 8192 // bd))
     return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="ieee",
-                num_warps=4 if w <= 16 else 8, num_stages=2)
+                INSERT=False, num_warps=4 if w <= 16 else 8, num_stages=2)
 
 
 @torch.no_grad()

@@ -27,6 +27,11 @@ def main():
                               (256, selection.MAX_SLOTS, True)):
         jobs.append((k.block_select_kernel, selection._select_meta(d, slots, causal), "bf16",
                      f"D={d} K={slots} causal={causal}"))
+    # the insertion form (INSERT, an option until timed): wider tiles than W, fewer rows
+    for block_m, block_n, warps in ((64, 16, 4), (16, 64, 2), (32, 32, 4)):
+        meta = dict(selection._select_meta(128, 16, True), INSERT=True, BLOCK_M=block_m, BLOCK_N=block_n,
+                    num_warps=warps)
+        jobs.append((k.block_select_kernel, meta, "bf16", f"D=128 K=16 INSERT {block_m}x{block_n} {warps} warps"))
     for kern, meta, x_dtype, what in jobs:
         if not within_shared([(kern, meta, what)], types=dict(TYPES, X="*" + x_dtype)):
             return 1

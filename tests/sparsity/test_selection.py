@@ -56,6 +56,33 @@ def test_matches_float64_reference(n, hq, hkv, d, topk, block, causal, device):
     assert_selects_like_reference(idx.cpu(), q, k, topk, block, causal)
 
 
+@pytest.mark.parametrize("block_m,block_n", [(16, 64), (32, 16)])
+@pytest.mark.parametrize("n,hq,hkv,d,topk,block,causal", [
+    pytest.param(1000, 6, 2, 64, 16, 32, True, id="n1000-gqa3-k16"),
+    pytest.param(1000, 2, 1, 16, 40, 64, False, id="n1000-k-over-candidates-bidir"),
+    pytest.param(301, 2, 1, 16, 30, 16, True, id="n301-k-over-candidates"),
+])
+def test_insertion_form_matches_float64_reference(n, hq, hkv, d, topk, block, causal, block_m, block_n, device,
+                                                  monkeypatch):
+    """The running top kept unsorted and filled by insert_keys (INSERT), tiles wider than W
+    included: the same selection as the reference, ties too."""
+    meta = selection._select_meta
+    monkeypatch.setattr(selection, "_select_meta", lambda *a: dict(meta(*a), INSERT=True, BLOCK_M=block_m,
+                                                                  BLOCK_N=block_n))
+    gen = torch.Generator().manual_seed(n * 7 + topk)
+    q = torch.randn(2, hq, n, d, generator=gen)
+    k = torch.randn(2, hkv, n, d, generator=gen)
+    idx = msa.select_blocks(q.to(device), k.to(device), topk, block=block, causal=causal)
+    assert_selects_like_reference(idx.cpu(), q, k, topk, block, causal)
+    # ties: integer inputs, exact scores
+    gen = torch.Generator().manual_seed(5)
+    qi = torch.randint(-2, 3, (1, 2, 23 * 16 - 5, 32), generator=gen).float()
+    pats = torch.randint(-2, 3, (3, 16, 32), generator=gen).float()
+    ki = pats[torch.randint(0, 3, (23,), generator=gen)].reshape(1, 1, 23 * 16, 32)[:, :, :qi.shape[2]].contiguous()
+    got = msa.select_blocks(qi.to(device), ki.to(device), 8, block=16, causal=causal)
+    assert torch.equal(got.cpu(), select_blocks_reference(qi, ki, 8, 16, causal=causal))
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_ties_go_to_the_lower_block(causal, device):
     """Integer inputs with few distinct key blocks: many exactly equal scores, exact in float32

@@ -1,0 +1,73 @@
+"""Time select_blocks' selection kernel in its launch variants (GPU), to choose its defaults.
+
+    PYTHONPATH=$PWD python benchmarks/select_probe.py                  # N = 131072 and 1048576
+    PYTHONPATH=$PWD python benchmarks/select_probe.py --n 131072 --rep 200
+
+bf16 q and k, B=1, H=16 (one KV head per query head), D=128, top-16 of 128-blocks, causal: the
+shape of bench_dynamic's topk16 rows. The block means are computed once (their kernel is timed on
+its own); each variant of ``block_select_kernel`` (rows per program BLOCK_M, candidates per step
+BLOCK_N, warps, and merge_top's sort-and-merge against insert_keys's insertion, INSERT) is timed
+with triton.testing.do_bench (median, L2 flushed) and its indices compared with the default's.
+A variant that does not compile is reported and skipped.
+"""
+import argparse
+
+import torch
+import triton.testing
+
+from msa_codegen.sparsity import selection
+
+# (INSERT, BLOCK_M, BLOCK_N, num_warps); the first is the launcher's default for K=16
+VARIANTS = [(False, 64, 16, 4), (False, 32, 16, 4), (False, 32, 16, 2), (False, 16, 16, 2), (False, 16, 16, 1),
+            (True, 64, 16, 4), (True, 64, 64, 4), (True, 32, 32, 2), (True, 32, 64, 4), (True, 16, 32, 1),
+            (True, 16, 64, 2), (True, 16, 128, 2)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[131072, 1048576])
+    ap.add_argument("--rep", type=int, default=300, help="do_bench's timing budget in ms (default 300)")
+    a = ap.parse_args()
+    h, d, topk, block = 16, 128, 16, 128
+    kern = selection._kernels().block_select_kernel
+    rows = []
+    for n in a.n:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        means_ms = triton.testing.do_bench(lambda: (selection._block_means(q, block), selection._block_means(k, block)),
+                                           rep=a.rep, return_mode="median")
+        qm, km = selection._block_means(q, block), selection._block_means(k, block)
+        del q, k
+        nb = qm.shape[2]
+        base = selection._select_meta(d, topk, True)
+        ref = None
+        for insert, bm, bn, warps in VARIANTS:
+            meta = dict(base, INSERT=insert, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+            out = torch.full((1, h, nb, topk), -1, dtype=torch.int32, device="cuda")
+            grid = (triton.cdiv(nb, bm), h)
+
+            def run():
+                kern[grid](qm, km, out, nb, topk, topk, **meta)
+            name = f"{'insert' if insert else 'sort  '} {bm:3d} x {bn:3d}, {warps} warps"
+            try:
+                run()
+                torch.cuda.synchronize()
+                ms = triton.testing.do_bench(run, rep=a.rep, return_mode="median")
+            except Exception as e:   # reported, the next variant runs
+                rows.append((n, name, float("nan"), f"failed: {type(e).__name__}: {str(e)[:80]}"))
+                continue
+            if ref is None:
+                ref = out.clone()
+            same = (out == ref).all(-1).float().mean().item()
+            rows.append((n, name, ms, f"{100 * same:.2f}% of rows as the default"))
+        rows.append((n, "block means (q and k)", means_ms, ""))
+        del qm, km
+        torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}: H={h} D={d} top-{topk} of {block}-blocks, causal; ms (median)")
+    for n, name, ms, note in rows:
+        print(f"N={n:8d}  {name:34s} {ms:9.3f} ms  {note}")
+
+
+if __name__ == "__main__":
+    main()
