@@ -308,12 +308,15 @@ def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype
         for direction in directions:
             key = TuningKey.current(name, cap, pattern, direction, dtype, args.head_dim, heads // hp, n)
             print(f"[bucket {b}, {direction}] timing {problem.describe()}", flush=True)
+            t0 = time.monotonic()
             res = tune_msa(problem, direction, key, db_path, trials=trials, deadline=deadline)
             if res is None:
                 missing.append(f"bucket {b} {direction}")
                 continue
+            # the pattern tuner's summary line (progress.TuneStats.line), in MSA's counts: its
+            # pruned are the excluded, repeated and failed candidates together
             print(f"bucket {b} {direction}: {res.trials} trials, {res.pruned} pruned, {len(res.failures)} failed, "
-                  f"best {res.median_ms:.4g} ms", flush=True)
+                  f"best {res.median_ms:.4g} ms, {time.monotonic() - t0:.0f} s", flush=True)
             results.append(res)
     return _report(results, cuda, db_path, f"--pattern {pattern!r} --seqlen N --heads {heads} --proxy-heads {hp} ...",
                    missing)
