@@ -18,7 +18,7 @@ import triton.testing
 from msa_codegen.sparsity import selection
 
 # (INSERT, BLOCK_M, BLOCK_N, num_warps); the first is the launcher's default for K=16
-VARIANTS = [(False, 64, 16, 4), (False, 32, 16, 4), (False, 32, 16, 2), (False, 16, 16, 2), (False, 16, 16, 1),
+VARIANTS = [(False, 16, 16, 1), (False, 64, 16, 4), (False, 32, 16, 4), (False, 32, 16, 2), (False, 16, 16, 2),
             (True, 64, 16, 4), (True, 64, 64, 4), (True, 32, 32, 2), (True, 32, 64, 4), (True, 16, 32, 1),
             (True, 16, 64, 2), (True, 16, 128, 2)]
 

@@ -84,12 +84,15 @@ def _select_meta(d: int, slots: int, causal: bool) -> dict:
     bd = block_d(d)
     # sm_90, Triton 3.6, ptxas -v (2026-12, offline): no spills with these rows and warps; W=32
     # with 4 warps spilled 1.8 KB, W=64 with 4 warps 2.5 KB
-    block_m = 64 if w <= 32 else 32 if w <= 64 else 16
+    # W=16: 16 rows on one warp measured fastest of 12 variants (H200, H=16, D=128, top-16,
+    # benchmarks/select_probe.py, 2026-12-02): 0.580 ms at N=131072 (64 rows on 4 warps: 0.715)
+    # and 24.7 ms at N=1048576 (26.6); insertion with 64 candidates per step: 0.697 and 22.2
+    block_m = 16 if w <= 16 else 64 if w <= 32 else 32 if w <= 64 else 16
     # the pooled keys' float32 tile [BLOCK_N, BLOCK_D] within 32 KiB of shared memory (K=256 at
     # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
     block_n = max(16, min(w, 8192 // bd))
     return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="ieee",
-                INSERT=False, num_warps=4 if w <= 16 else 8, num_stages=2)
+                INSERT=False, num_warps=1 if w <= 16 else 8, num_stages=2)
 
 
 @torch.no_grad()
