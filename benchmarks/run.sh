@@ -16,6 +16,9 @@
 #              msa_codegen/data/tuning.db; rows exported to $OUT/tuning.db (copy it into
 #              msa_codegen/data/ to ship it), then the grid's --list of $DB for this GPU (what is
 #              filled). BUDGET / HARD: seconds to stop starting entries / kill
+#   compare    every filled grid entry of the shipped database (or DB): tuned against the heuristic
+#              default in the same interleaved rounds (msa_codegen.tuner.grid --compare); ARGS e.g.
+#              --rounds 7
 #   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
 #              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
 #   select     benchmarks/select_probe.py: select_blocks' selection kernel in its launch variants
@@ -97,6 +100,9 @@ case "$suite" in
       echo "==== grid $i" | tee -a "$log"
       grep -E "FAILED|finished|budget|nothing|x\) " "$OUT/grid-$i.log" | cut -c1-200 | tee -a "$log"
     done ;;
+  compare)
+    { header; limit python3 -m msa_codegen.tuner.grid --compare ${DB:+--db "$DB"} "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
   ceiling)
     { header; limit python3 benchmarks/ceiling_probe.py --rep 200 "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;

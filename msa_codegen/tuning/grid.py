@@ -3,6 +3,7 @@
     python -m msa_codegen.tuner.grid --list [--db FILE] [--gpu h200]
     python -m msa_codegen.tuner.grid --db grid.db [--shard I/N] [--budget-s S] [--limit K]
     python -m msa_codegen.tuner.grid --db grid.db --export tuning.db
+    python -m msa_codegen.tuner.grid --compare [--db FILE] [--rounds 5] [--budget-s S]
 
 The grid (issue 20) is the shapes people run, 43 entries in priority order: the single-sequence
 benchmark cases of ``msa-bench`` first (their 1M case tuned at 524288; its B=8 encoder cases are
@@ -49,12 +50,16 @@ installation (this GPU and bucket, the running Triton and kernels, a valid confi
 The rows it stores are the measurements themselves (provenance names the device, shape and
 date); the lookup serves other buckets of a measured entry through its nearest-bucket step.
 ``--export FILE`` writes a database holding the tuning rows only (no Optuna studies): the
-shipped ``msa_codegen/data/tuning.db`` is made that way.
+shipped ``msa_codegen/data/tuning.db`` is made that way. ``--compare`` (a GPU) times every filled
+entry's tuned config against the heuristic default in the same interleaved rounds, fresh inputs,
+and prints each gain and the median and worst over all rows and over the rows off the
+hand-swept benchmark shapes; an entry whose tuned config is the default is not timed (gain 1).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -337,6 +342,88 @@ def run(db_path: Path, shard: tuple[int, int], budget_s: float, trials: dict[str
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Compared:
+    """One filled entry and direction in ``compare``: the tuned and default medians (None when the
+    tuned config is the default: nothing to time) over the same interleaved rounds."""
+    entry: Entry
+    direction: str
+    tuned_ms: float | None
+    default_ms: float | None
+
+    @property
+    def gain(self) -> float:
+        """default time / tuned time (1.0 when they are the same config)."""
+        return 1.0 if self.tuned_ms is None else self.default_ms / self.tuned_ms
+
+
+def gain_summary(results: list[Compared]) -> str:
+    """Median and worst gain over every compared row, and over the rows off the hand-swept
+    benchmark shapes (``bench:`` entries), one line each."""
+    def line(what, rs):
+        if not rs:
+            return f"{what}: none"
+        gains = sorted(r.gain for r in rs)
+        worst = min(rs, key=lambda r: r.gain)
+        return (f"{what}: {len(rs)} rows, median gain {statistics.median(gains):.3f}x, worst {worst.gain:.3f}x "
+                f"({worst.entry.describe()} {worst.direction}), {sum(r.tuned_ms is None for r in rs)} are the default")
+    off = [r for r in results if not r.entry.family.startswith("bench:")]
+    return line("all filled rows", results) + "\n" + line("off the hand-swept shapes", off)
+
+
+def compare(db_path: Path, rounds: int = 5, rep_ms: int = 2 * REP_MS, budget_s: float = float("inf"),
+            limit: int | None = None, out=None) -> list[Compared] | None:
+    """Tuned against default for every filled entry of ``db_path`` on this GPU: both configs timed
+    in the same ``rounds`` interleaved rounds (``measure.interleaved``), fresh inputs, ``rep_ms``
+    per timing; prints a row per entry and direction as it goes, then ``gain_summary``. None
+    without a GPU."""
+    out = out or sys.stdout
+    if not torch.cuda.is_available():
+        print("msa_codegen.tuner.grid: --compare times on a GPU; none here", file=sys.stderr)
+        return None
+    from ..heuristics import default_config
+    from .measure import Bench, interleaved
+
+    gpu, cap = _gpu.current_gpu()
+    rows = read_rows(db_path, gpu)
+    dev = torch.device("cuda")
+    t0 = time.monotonic()
+    results: list[Compared] = []
+    print(f"[compare] {gpu} ({cap}), db {db_path}: tuned against default, {rounds} interleaved rounds of "
+          f"{rep_ms} ms timings", file=out, flush=True)
+    for e in keys():
+        if limit is not None and len({r.entry for r in results}) >= limit:
+            break
+        if time.monotonic() - t0 > budget_s:
+            print(f"[compare] budget spent after {len({r.entry for r in results})} entries", file=out, flush=True)
+            break
+        ks = e.keys(gpu, cap)
+        mine = {d: next((r for r in rows if all(r[f] == v for f, v in ks[d].as_dict().items())), None)
+                for d in DIRECTIONS}
+        if not all(mine.values()):
+            continue
+        problem = representative_problem(e.pattern, e.heads, e.kv_heads, e.seqlen, e.head_dim, torch_dtype(e.dtype),
+                                         True, batch=e.batch)
+        default = default_config(dev, e.head_dim, torch_dtype(e.dtype), pattern=e.pattern)
+        for d in DIRECTIONS:
+            tuned = dataclasses.replace(default, **{d: row_config(e.pattern, d, mine[d]["config"])})
+            if tuned == default:
+                results.append(Compared(e, d, None, None))
+                print(f"[compare] {e.describe()} {d}: the tuned config is the default", file=out, flush=True)
+                continue
+            bench = Bench(problem, d, rep_ms=rep_ms)
+            cfgs = {"tuned": tuned, "default": default}
+            timed = interleaved(lambda name: bench.time(cfgs[name], rep_ms=rep_ms)[0], list(cfgs), rounds)
+            r = Compared(e, d, timed["tuned"][0], timed["default"][0])
+            results.append(r)
+            print(f"[compare] {e.describe()} {d}: tuned {r.tuned_ms:.4g} ms, default {r.default_ms:.4g} ms, "
+                  f"gain {r.gain:.3f}x", file=out, flush=True)
+            del bench
+        torch.cuda.empty_cache()
+    print(gain_summary(results), file=out, flush=True)
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m msa_codegen.tuner.grid", description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=None, help="tuning database to fill (resumes); --list: the one to show "
@@ -351,7 +438,16 @@ def main(argv=None) -> int:
                     "for --gpu, and exit")
     ap.add_argument("--gpu", default=LIST_GPU, help="--list: the GPU whose rows count (default: %(default)s)")
     ap.add_argument("--export", default=None, metavar="FILE", help="write the rows of --db (no studies) to FILE")
+    ap.add_argument("--compare", action="store_true", help="time every filled entry of --db (default: the shipped "
+                    "database) tuned against the heuristic default in interleaved rounds, on this GPU")
+    ap.add_argument("--rounds", type=int, default=5, help="--compare: interleaved rounds (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.compare:
+        from .lookup import shipped_db_path
+
+        db = Path(args.db).absolute() if args.db else shipped_db_path()
+        res = compare(db, rounds=args.rounds, rep_ms=2 * args.rep_ms, budget_s=args.budget_s, limit=args.limit)
+        return 2 if res is None else 0
     if args.list:
         from .lookup import shipped_db_path
 

@@ -270,3 +270,54 @@ def test_budget_and_export(tmp_path, fake_gpu, capsys):
 def test_measuring_needs_a_gpu(tmp_path, capsys):
     assert grid.main(["--db", str(tmp_path / "grid.db")]) == 2
     assert "measured on a GPU; none here" in capsys.readouterr().err
+
+
+def test_compare_times_tuned_against_default_interleaved(tmp_path, monkeypatch, capsys):
+    """``--compare``: every filled entry's tuned config against the heuristic default in the same
+    rounds (a stand-in bench: the tuned configs take 1.0 ms, the default 1.25 ms, except that one
+    entry's backward is slower tuned); a config equal to the default is not timed."""
+    from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig
+    from msa_codegen.tuning import measure
+
+    from tuning_helpers import BWD, FWD
+
+    # the helper's rows hold FWD / BWD: the default here, so that the first entry is untuned
+    default = LaunchConfig(FwdConfig(**FWD), BwdConfig(**BWD))
+    other_fwd = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+    other_bwd = dict(block_m1=32, block_n1=64, num_warps1=4, num_stages1=2, block_m2=64, block_n2=64,
+                     num_warps2=4, num_stages2=2)
+    e_bench = grid.keys()[0]                                   # a hand-swept shape: default rows
+    e_fam = _entry("encoder", "causal=false,window=512", 4096)  # off them: other configs
+    e_slow = _entry("encoder", "causal=false,window=256", 4096)
+    db = tmp_path / "grid.db"
+    put(db, *_rows_of(e_bench),
+        *[r | {"config": other_fwd if r["direction"] == "fwd" else other_bwd} for r in _rows_of(e_fam)],
+        *[r | {"config": other_fwd if r["direction"] == "fwd" else other_bwd} for r in _rows_of(e_slow)])
+    timed = []
+
+    class StandIn:
+        def __init__(self, problem, direction, rep_ms):
+            self.problem, self.direction = problem, direction
+
+        def time(self, cfg, rep_ms=None):
+            timed.append((self.problem.pattern, self.direction, cfg == default))
+            slow = self.problem.pattern == e_slow.pattern and self.direction == "bwd"
+            return (1.25 if cfg == default else (1.5 if slow else 1.0)), 0.0, []
+
+    monkeypatch.setattr(grid.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(grid.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(grid._gpu, "current_gpu", lambda index=None: ("h200", "9.0"))
+    monkeypatch.setattr(measure, "Bench", StandIn)
+    import msa_codegen.heuristics as heur
+    monkeypatch.setattr(heur, "default_config", lambda *a, **k: default)
+    res = grid.compare(db, rounds=3, rep_ms=10)
+    out = capsys.readouterr().out
+    assert [(r.entry, r.direction) for r in res] == [(e, d) for e in (e_bench, e_fam, e_slow) for d in ("fwd", "bwd")]
+    assert [r.gain for r in res[:2]] == [1.0, 1.0] and res[0].tuned_ms is None
+    assert [round(r.gain, 3) for r in res[2:]] == [1.25, 1.25, 1.25, round(1.25 / 1.5, 3)]
+    # the default is not timed where it is the tuned config; elsewhere both, three rounds each
+    assert not any(p == e_bench.pattern for p, _, _ in timed)
+    assert len(timed) == 4 * 2 * 3 and sum(d for _, _, d in timed) == 4 * 3
+    assert "the tuned config is the default" in out
+    assert "all filled rows: 6 rows, median gain 1.125x, worst 0.833x" in out
+    assert "off the hand-swept shapes: 4 rows, median gain 1.250x, worst 0.833x" in out
