@@ -77,6 +77,9 @@ def main(argv=None):
     ap.add_argument("--dump", help="also write the whole SASS listing to this file")
     ap.add_argument("--ds", action="store_true", help="the backward that passes the band's dS through scratch "
                     "(dk/dv stores it, dq reads it)")
+    ap.add_argument("--positional", action="store_true", help="the kernels with run-time positions (q_pos / k_pos)")
+    ap.add_argument("--segments", action="store_true", help="with segments too (cu_seqlens, buckets): implies "
+                    "--positional")
     args = ap.parse_args(argv)
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parent / "tests")]
@@ -86,10 +89,12 @@ def main(argv=None):
     from msa_codegen.kernels.schedule import block_d as _block_d
     from msa_codegen.pattern.lowering import lower
 
-    plan = lower(msa.parse(args.pattern).groups[0].spec)
+    plan = lower(msa.parse(args.pattern).groups[0].spec, positional=args.positional or args.segments,
+                 segments=args.segments)
     direction = "fwd" if args.kernel == "msa_fwd" else "bwd"
     src = codegen.render(plan, direction)
-    label = f"{args.kernel} {args.pattern} D={args.head_dim} config {args.config}"
+    label = (f"{args.kernel} {args.pattern}{' (segments)' if args.segments else ' (positions)' if args.positional else ''}"
+             f" D={args.head_dim} config {args.config}")
     path = Path(tempfile.mkdtemp()) / f"msa_sass_{direction}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(path.stem, path)

@@ -16,7 +16,7 @@ from ..plan import AttentionPlan
 from ..sparsity.tables import merged_block_tables, random_tables
 from . import schedule
 from .schedule import cdiv
-from .tma import descriptor_fault, use_tma
+from .tma import descriptor_fault, positional_descriptors, use_tma
 
 LOG2E = 1.4426950408889634
 
@@ -94,7 +94,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
         return o.zero_(), lse.fill_(float("-inf"))
     c = cfg.fwd
     positional = q_pos is not None
-    tma = not positional and use_tma(q, k, v)
+    tma = (not positional or positional_descriptors()) and use_tma(q, k, v)
     # the scale folded into the exponent: positive scales only (a negative one turns maxima into minima)
     fold = FOLD_SCALE and scale > 0
     bd, prec = plan.block_d, plan.dot_precision
@@ -109,7 +109,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
                 h0, h1 - h0, group, n, nk, scale * LOG2E,
                 HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                DOT_PREC=prec, FOLD=fold,
+                DOT_PREC=prec, TMA=tma, FOLD=fold,
                 num_warps=c.num_warps, num_stages=c.num_stages, **_LAUNCH,
             )
             continue
@@ -149,7 +149,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
         dlse = dlse.to(torch.float32).contiguous()
     # the plain kernels read Q/dO and stream K/V (dq), read K/V and stream Q/dO (dk/dv) through
     # tensor descriptors where they can
-    tma = {} if positional else {"TMA": use_tma(q, k, v, do)}
+    tma = {"TMA": (not positional or positional_descriptors()) and use_tma(q, k, v, do)}
     if tma.get("TMA"):
         why = descriptor_fault(c)
         if why:
@@ -188,7 +188,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
                 q, k, v, do, lse2, delta, dq, rtab, *tstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), delta.stride(0), delta.stride(1),
                 h0, hs, group, n, nk, scale * LOG2E, scale,
-                HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec,
+                HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m2, BLOCK_N=c.block_n2, DOT_PREC=prec, **tma,
                 num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
             )
             # one key tile per program owns every key (no prefix tiles): see the positional template
@@ -196,7 +196,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
                 delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale,
-                **consts)
+                **consts, **tma)
         else:
             # With room for it, the dk/dv kernel stores the W band's dS^T tiles and dq reads them
             # (one product a block instead of three), over chunks of whole KV heads; else dq

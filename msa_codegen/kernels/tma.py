@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import torch
 import triton
@@ -19,6 +20,9 @@ from .render import interpreting
 
 # a plain module global (read on every launch), switched by ``use_descriptors``
 _enabled = True
+# the positional kernels' descriptors (opt-in until measured and GPU-tested on Hopper: the
+# environment variable MSA_CODEGEN_POSITIONAL_TMA=1, or ``use_positional_descriptors``)
+_positional = os.environ.get("MSA_CODEGEN_POSITIONAL_TMA", "0") == "1"
 
 
 @contextlib.contextmanager
@@ -31,6 +35,25 @@ def use_descriptors(enabled: bool):
         yield
     finally:
         _enabled = previous
+
+
+@contextlib.contextmanager
+def use_positional_descriptors(enabled: bool):
+    """Inside the block, the positional kernels (run-time positions or segments) stream their
+    K/V (forward, dq) and Q/dO (dk/dv) through tensor descriptors over each loop call's rows
+    where ``use_tma`` allows, if ``enabled``. Off by default: the descriptor code runs in the
+    interpreter's tests but has not been measured or GPU-tested on Hopper yet."""
+    global _positional
+    previous, _positional = _positional, bool(enabled)
+    try:
+        yield
+    finally:
+        _positional = previous
+
+
+def positional_descriptors() -> bool:
+    """Whether the positional kernels may use descriptors (``use_positional_descriptors``)."""
+    return _positional
 
 
 def tma_capable(device: torch.device, capability: str | None = None) -> bool:

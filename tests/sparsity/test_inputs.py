@@ -9,11 +9,15 @@ tensors are a few GiB), the bound the larger of the dtype's floor and twice PyTo
 same-dtype error (``helpers.check_dynamic``).
 """
 
+import unittest.mock
+
 import pytest
 import torch
 
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
+from msa_codegen.kernels import launch as launch_mod
+from msa_codegen.kernels import tma as tma_mod
 from msa_codegen.pattern.reference import relative_error
 
 from helpers import bucket_inputs, check_dynamic, run_sm90_script, docs_inputs, pos_inputs, rel_err, topk_inputs, with_topk
@@ -508,12 +512,41 @@ def test_torch_compile_and_opcheck(device):
     ("window=64,dilation=2,sink=4,topk=2,block=64", ("tma",)),
     ("causal=false,global=3,window=16,random=2,block=64", ("tma",)),
     ("window=64,dilation=2,sink=4", ("tma",)),
+    ("window=64,dilation=2,sink=4,topk=2,block=64", ("positional", "segments", "tma")),
 ], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random",
-        "tma-dilated-sink-scratch"])
+        "tma-dilated-sink-scratch", "pos-seg-tma"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed."""
     r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kind,pattern,cfg", [
+    ("docs", "window=10,dilation=2,sink=3", SMALL_TILES[0]),
+    ("docs", "causal", SMALL_TILES[1]),
+    ("pos", "causal=false,window=9,dilation=3", SMALL_TILES[0]),
+    ("buckets", "causal=false,sink=3,topk=2,block=16", SMALL_TILES[1]),
+], ids=["docs-dil-sink-bm16", "docs-causal-bm32", "pos-bidir-dil-bm16", "buckets-topk-bm32"])
+def test_positional_descriptors(kind, pattern, cfg, device):
+    """The positional kernels with their loops' K/V (forward, dq) and Q/dO (dk/dv) through
+    descriptors over each loop call's rows (opt-in, use_positional_descriptors): rows past a
+    range arrive as zeros, as the pointer loads' masked rows."""
+    def make(b, hq, hkv, nq, nk, gen):
+        out = {"docs": docs_inputs(60), "pos": pos_inputs(), "buckets": bucket_inputs(3, True)}[kind](
+            b, hq, hkv, nq, nk, gen)
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    launched = []
+    real = tma_mod.use_tma
+
+    def spy(*ts):
+        launched.append(real(*ts))
+        return launched[-1]
+    with use_config(cfg), tma_mod.use_positional_descriptors(True), \
+            unittest.mock.patch.object(launch_mod, "use_tma", spy):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=make)
+    assert launched and all(launched)   # the descriptor path ran (forward and backward)
 
 
 def test_repeated_positions(device):
@@ -610,6 +643,16 @@ GPU_CASES = [
 def test_gpu_dynamic(pattern, make, shape):
     b, hq, hkv, nq, nk, d, dtype = shape
     check_dynamic(pattern, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d, dtype=dtype, device="cuda", make=make)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,make,shape", [c[1:] for c in GPU_CASES if c[0].startswith(("docs", "pos", "buckets"))],
+                         ids=[c[0] for c in GPU_CASES if c[0].startswith(("docs", "pos", "buckets"))])
+def test_gpu_dynamic_positional_descriptors(pattern, make, shape):
+    """The positional cases again with the opt-in descriptors (use_positional_descriptors)."""
+    b, hq, hkv, nq, nk, d, dtype = shape
+    with tma_mod.use_positional_descriptors(True):
+        check_dynamic(pattern, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d, dtype=dtype, device="cuda", make=make)
 
 
 @pytest.mark.gpu
