@@ -131,10 +131,12 @@ def test_plain_and_positional_kernels_share_the_family_pieces(pattern):
             sa, sb = _skeleton(la), _skeleton(lb)
             shared = [s for s in sa if s in sb]
             assert len(shared) >= 5, (name, sa, sb)
-        # plain kernels carry no positional parameter, positional ones no TMA
+        # plain kernels carry no positional parameter; both take TMA (the positional ones for
+        # their loops' range descriptors, kernels.tma.use_positional_descriptors)
         params_a, params_b = ([a.arg for a in f["msa_fwd"].args.args] for f in (fa, fb))
         assert "QPOS" not in params_a and "TMA" in params_a
-        assert "QPOS" in params_b and "TMA" not in params_b
+        assert "QPOS" in params_b and "TMA" in params_b
+        assert "_range_descriptors" in fb and "_range_descriptors" not in fa
         assert "_lower_bound" in fb and "_lower_bound" not in fa
 
 
