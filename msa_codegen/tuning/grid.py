@@ -215,9 +215,9 @@ def keys() -> list[Entry]:
 
 # ---- what a database holds ------------------------------------------------------------------------
 
-def served(rows: list[dict], key: TuningKey) -> bool:
-    """Whether one of ``rows`` is what the lookup serves for ``key`` at its exact step: this GPU
-    and bucket, the running Triton and kernels (the key's), and a config it can use."""
+def served_row(rows: list[dict], key: TuningKey) -> dict | None:
+    """The one of ``rows`` that the lookup serves for ``key`` at its exact step: this GPU and
+    bucket, the running Triton and kernels (the key's), and a config it can use; else None."""
     want = key.as_dict()
     for r in rows:
         if all(r[f] == v for f, v in want.items()):
@@ -225,8 +225,13 @@ def served(rows: list[dict], key: TuningKey) -> bool:
                 row_config(r["pattern"], r["direction"], r["config"])
             except (TypeError, ValueError):
                 continue   # the lookup skips a damaged row
-            return True
-    return False
+            return r
+    return None
+
+
+def served(rows: list[dict], key: TuningKey) -> bool:
+    """Whether the lookup serves ``key`` from one of ``rows`` (``served_row``)."""
+    return served_row(rows, key) is not None
 
 
 def entry_status(rows: list[dict], entry: Entry, gpu: str, capability: str) -> str:
@@ -363,9 +368,9 @@ def gain_summary(results: list[Compared]) -> str:
     def line(what, rs):
         if not rs:
             return f"{what}: none"
-        gains = sorted(r.gain for r in rs)
         worst = min(rs, key=lambda r: r.gain)
-        return (f"{what}: {len(rs)} rows, median gain {statistics.median(gains):.3f}x, worst {worst.gain:.3f}x "
+        return (f"{what}: {len(rs)} rows, median gain {statistics.median(r.gain for r in rs):.3f}x, "
+                f"worst {worst.gain:.3f}x "
                 f"({worst.entry.describe()} {worst.direction}), {sum(r.tuned_ms is None for r in rs)} are the default")
     off = [r for r in results if not r.entry.family.startswith("bench:")]
     return line("all filled rows", results) + "\n" + line("off the hand-swept shapes", off)
@@ -398,8 +403,7 @@ def compare(db_path: Path, rounds: int = 5, rep_ms: int = 2 * REP_MS, budget_s: 
             print(f"[compare] budget spent after {len({r.entry for r in results})} entries", file=out, flush=True)
             break
         ks = e.keys(gpu, cap)
-        mine = {d: next((r for r in rows if all(r[f] == v for f, v in ks[d].as_dict().items())), None)
-                for d in DIRECTIONS}
+        mine = {d: served_row(rows, ks[d]) for d in DIRECTIONS}
         if not all(mine.values()):
             continue
         problem = representative_problem(e.pattern, e.heads, e.kv_heads, e.seqlen, e.head_dim, torch_dtype(e.dtype),

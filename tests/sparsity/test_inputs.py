@@ -223,6 +223,18 @@ SMALL_TILES = [
 ]
 
 
+def _kind_inputs(kind, pattern):
+    """The run-time inputs of ``kind`` (documents of 60 rows, positions, 3 buckets with
+    positions), with top-k block indices when the pattern has ``topk``: a ``make`` for check_dynamic."""
+    def make(b, hq, hkv, nq, nk, gen):
+        out = {"docs": docs_inputs(60), "pos": pos_inputs(), "buckets": bucket_inputs(3, True)}[kind](
+            b, hq, hkv, nq, nk, gen)
+        if "topk" in pattern:
+            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
+        return out
+    return make
+
+
 @pytest.mark.parametrize("kind,pattern,cfg", [
     ("docs", "window=10,dilation=2,sink=3", SMALL_TILES[0]),
     ("docs", "causal=false,global=4,window=6,random=2,block=16", SMALL_TILES[1]),
@@ -233,14 +245,8 @@ SMALL_TILES = [
 ], ids=["docs-bm16", "docs-global-random-bm32", "pos-bm32", "pos-bidir-dil-bm16", "buckets-bm16", "buckets-topk-bm32"])
 def test_many_tiles(kind, pattern, cfg, device):
     """Small tiles: many tiles, each with its own binary-searched key / query range."""
-    def make(b, hq, hkv, nq, nk, gen):
-        out = {"docs": docs_inputs(60), "pos": pos_inputs(), "buckets": bucket_inputs(3, True)}[kind](
-            b, hq, hkv, nq, nk, gen)
-        if "topk" in pattern:
-            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
-        return out
     with use_config(cfg):
-        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=make)
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
 
 
 def test_length_one_documents_and_empty_rows(device):
@@ -531,12 +537,6 @@ def test_positional_descriptors(kind, pattern, cfg, device):
     """The positional kernels with their loops' K/V (forward, dq) and Q/dO (dk/dv) through
     descriptors over each loop call's rows (opt-in, use_positional_descriptors): rows past a
     range arrive as zeros, as the pointer loads' masked rows."""
-    def make(b, hq, hkv, nq, nk, gen):
-        out = {"docs": docs_inputs(60), "pos": pos_inputs(), "buckets": bucket_inputs(3, True)}[kind](
-            b, hq, hkv, nq, nk, gen)
-        if "topk" in pattern:
-            out.update(topk_inputs(pattern)(b, hq, hkv, nq, nk, gen))
-        return out
     launched = []
     real = tma_mod.use_tma
 
@@ -545,7 +545,7 @@ def test_positional_descriptors(kind, pattern, cfg, device):
         return launched[-1]
     with use_config(cfg), tma_mod.use_positional_descriptors(True), \
             unittest.mock.patch.object(launch_mod, "use_tma", spy):
-        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=make)
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
     assert launched and all(launched)   # the descriptor path ran (forward and backward)
 
 
