@@ -535,7 +535,7 @@ def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
 ], ids=["docs-dil-sink-bm16", "docs-causal-bm32", "pos-bidir-dil-bm16", "buckets-topk-bm32"])
 def test_positional_descriptors(kind, pattern, cfg, device):
     """The positional kernels with their loops' K/V (forward, dq) and Q/dO (dk/dv) through
-    descriptors over each loop call's rows (opt-in, use_positional_descriptors): rows past a
+    descriptors over each loop call's rows (the default, use_positional_descriptors): rows past a
     range arrive as zeros, as the pointer loads' masked rows."""
     launched = []
     real = tma_mod.use_tma
@@ -547,6 +547,25 @@ def test_positional_descriptors(kind, pattern, cfg, device):
             unittest.mock.patch.object(launch_mod, "use_tma", spy):
         check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
     assert launched and all(launched)   # the descriptor path ran (forward and backward)
+
+
+@pytest.mark.parametrize("kind,pattern,cfg", [
+    ("docs", "window=10,dilation=2,sink=3", SMALL_TILES[0]),
+    ("buckets", "causal=false,sink=3,topk=2,block=16", SMALL_TILES[1]),
+], ids=["docs-dil-sink-bm16", "buckets-topk-bm32"])
+def test_positional_pointer_loads(kind, pattern, cfg, device):
+    """use_positional_descriptors(False) (MSA_CODEGEN_POSITIONAL_TMA=0): the positional kernels
+    load through pointers, never asking for descriptors, with the same result."""
+    launched = []
+    real = tma_mod.use_tma
+
+    def spy(*ts):
+        launched.append(real(*ts))
+        return launched[-1]
+    with use_config(cfg), tma_mod.use_positional_descriptors(False), \
+            unittest.mock.patch.object(launch_mod, "use_tma", spy):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
+    assert not launched
 
 
 def test_repeated_positions(device):
@@ -621,6 +640,7 @@ GPU_CASES = [
     ("docs-window", "window=512", docs_inputs(2048), (1, 8, 2, 8192, None, 128, torch.bfloat16)),
     ("docs-dil-sink", "window=256,dilation=2,sink=16", docs_inputs(3000), (1, 4, 1, 8192, None, 64, torch.bfloat16)),
     ("docs-causal", "causal", docs_inputs(1000), (1, 4, 2, 4099, None, 128, torch.float16)),
+    ("docs-d256", "window=1024,sink=16", docs_inputs(1500), (1, 4, 2, 5000, None, 256, torch.bfloat16)),
     ("docs-bidir-global", "causal=false,global=16,window=128", docs_inputs(700), (1, 4, 2, 4096, None, 128, torch.bfloat16)),
     ("docs-random", "window=64,random=2,block=128", docs_inputs(900), (1, 4, 2, 4096, None, 64, torch.bfloat16)),
     ("docs-topk", "window=128,topk=4,block=128", with_topk("window=128,topk=4,block=128", docs_inputs(1500)),
@@ -632,6 +652,7 @@ GPU_CASES = [
     ("buckets-window", "window=1024,sink=8", bucket_inputs(8, with_pos=True), (1, 4, 2, 8192, None, 128, torch.bfloat16)),
     ("buckets-only", "causal=false", bucket_inputs(4), (1, 4, 2, 4096, None, 128, torch.float16)),
     ("topk-select", "topk=8,block=128", _selected(8, 128), (1, 8, 2, 8192, None, 128, torch.bfloat16)),
+    ("topk-d256", "topk=4,block=64", _selected(4, 64), (1, 4, 2, 3000, None, 256, torch.bfloat16)),
     ("topk-window-sink", "window=256,sink=16,topk=4,block=64", _selected(4, 64), (2, 4, 2, 8000, None, 128, torch.bfloat16)),
     ("topk-random-bidir", "causal=false,window=64,random=2,topk=3,block=128",
      with_topk("causal=false,window=64,random=2,topk=3,block=128", None), (1, 4, 1, 4096, None, 64, torch.float16)),
@@ -648,10 +669,10 @@ def test_gpu_dynamic(pattern, make, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern,make,shape", [c[1:] for c in GPU_CASES if c[0].startswith(("docs", "pos", "buckets"))],
                          ids=[c[0] for c in GPU_CASES if c[0].startswith(("docs", "pos", "buckets"))])
-def test_gpu_dynamic_positional_descriptors(pattern, make, shape):
-    """The positional cases again with the opt-in descriptors (use_positional_descriptors)."""
+def test_gpu_dynamic_positional_pointers(pattern, make, shape):
+    """The positional cases again with pointer loads (use_positional_descriptors(False))."""
     b, hq, hkv, nq, nk, d, dtype = shape
-    with tma_mod.use_positional_descriptors(True):
+    with tma_mod.use_positional_descriptors(False):
         check_dynamic(pattern, b=b, hq=hq, hkv=hkv, nq=nq, nk=nk, d=d, dtype=dtype, device="cuda", make=make)
 
 

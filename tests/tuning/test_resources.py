@@ -195,8 +195,9 @@ def test_blackwell_defaults_compile_within_shared_memory(tmp_path, capability, l
     assert got["tma"] and 0 < got["shared"] <= limit
     results = got["results"]
     assert len(results) == sum(len(c[2]) for c in cases)
-    # Hopper-sized: 128-key forward tiles at D=128; 99 KiB: 64-key ones
-    fwd_keys = {32, 64, 128} if limit >= resources.SM90_SHARED_OPTIN else {16, 32, 64}
+    # Hopper-sized: 128-key forward tiles at D=128, 64-key ones at D=64 and D=256; 99 KiB: 64-key
+    # ones at D=128
+    fwd_keys = {64, 128} if limit >= resources.SM90_SHARED_OPTIN else {16, 32, 64}
     assert {r["params"]["block_n"] for r in results if r["direction"] == "fwd"} == fwd_keys
     for r in results:
         kernels = {"fwd"} if r["direction"] == "fwd" else {"dk/dv", "dk/dv prefix", "dq"}
