@@ -364,6 +364,9 @@ def main(argv=None) -> int:
     code = relaunch_in_interpreter("msa_codegen.cli.tune", argv)
     if code is not None:
         return code
+    from ..tuning.progress import quiet_known_warnings
+
+    quiet_known_warnings()
     try:
         return run(args)
     except UsageError as e:

@@ -446,6 +446,9 @@ def main(argv=None) -> int:
                     "database) tuned against the heuristic default in interleaved rounds, on this GPU")
     ap.add_argument("--rounds", type=int, default=5, help="--compare: interleaved rounds (default: %(default)s)")
     args = ap.parse_args(argv)
+    from .progress import quiet_known_warnings
+
+    quiet_known_warnings()
     if args.compare:
         from .lookup import shipped_db_path
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 from typing import TextIO
+
+
+def quiet_known_warnings() -> None:
+    """Keep the tuner's output to its progress lines: PyTorch warns once per process that the
+    autograd engine's device thread had no current CUDA context when the backward of a timed
+    trial first calls cuBLAS (it sets the primary context itself; nothing is wrong)."""
+    warnings.filterwarnings("ignore", message=r"Attempting to run cuBLAS, but there was no current CUDA context",
+                            category=UserWarning)
 
 
 @dataclasses.dataclass
