@@ -488,7 +488,6 @@ SCRATCH_CASES = [
     ("window=1024,dilation=2,sink=64", 16385, 128, torch.bfloat16, 8, 2),
     ("causal=false,window=512", 8192, 64, torch.float16, 4, 1),
     ("window=256,dilation=2,sink=16", 4096, 256, torch.bfloat16, 4, 1),
-    ("causal", 3001, 256, torch.bfloat16, 4, 2),
     ("window=1024", 8191, 256, torch.float16, 4, 4),
 ]
 
