@@ -18,7 +18,6 @@ import time
 import torch
 
 from .. import api
-from ..bench import attended_pairs
 from ..config import LaunchConfig, use_config
 from ..pattern.reference import reference_attention
 from ..pattern.reference import relative_error as _rel_err
@@ -83,6 +82,9 @@ class Problem:
     def flops(self, direction: str) -> float | None:
         """Effective FLOPs (visible pairs only): 4 * D per pair and head forward, 2.5x that backward.
         None for patterns whose pairs are not counted in closed form (global, random)."""
+        # imported here: msa_codegen.bench is a command (python -m), not loaded with the package
+        from ..bench import attended_pairs
+
         try:
             pairs = sum(attended_pairs(spec, self.seqlen) * (h1 - h0)
                         for h0, h1, spec in parse(self.pattern).head_groups(self.heads))
