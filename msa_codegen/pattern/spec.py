@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -459,4 +460,9 @@ def parse(pattern: str | Pattern) -> Pattern:
         return pattern
     if not isinstance(pattern, str):
         raise PatternError(f"a pattern must be a str or Pattern (got {type(pattern).__name__})")
+    torch = sys.modules.get("torch")   # not imported here: the pattern language has no torch in it
+    if torch is not None and torch.compiler.is_compiling():
+        # Dynamo traces through an lru_cache wrapper and warns that it does; parsing is pure, so
+        # the traced call runs the parser itself, with the same result
+        return _parse_str.__wrapped__(pattern)
     return _parse_str(pattern)
