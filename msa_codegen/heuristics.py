@@ -143,10 +143,12 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
     # (32, 64, 8, 2) with dq (128, 32, 8, 2) 12.00 ms, against 318 ms for the earlier
     # (16, 32, 4, 1) / (32, 32, 4, 1), which compiled without wgmma (11.30 with the band's dS
     # through scratch). Forward with Hopper's shared memory: 128 x 64 tiles on two stages, the
-    # fastest of seven shapes at D=256 B=8 H=16 (H200, bf16, benchmarks/sweep.py, 2026-12-02):
+    # fastest of seven tile configurations at four problems of D=256 B=8 H=16 (H200, bf16,
+    # benchmarks/sweep.py, 2026-12-02):
     # window=4096 N=8192 6.39 ms against 15.56 for the former (64, 32, 8, 3), 12.62 for
     # (64, 64, 8, 2), 8.36 for (128, 32, 8, 2); window=1024 2.56 against 5.77; causal 8.47 against
-    # 20.09; window=1024 N=32768 B=2 2.67 against 6.06. Smaller GPUs keep the spill-free 64 x 32.
+    # 20.09; window=1024 N=32768 B=2 2.67 against 6.06. GPUs with 99 KiB per block keep the
+    # spill-free 64 x 32.
     if hopper_sized(device, capability):
         return LaunchConfig(FwdConfig(128, 64, 8, 2), BwdConfig(32, 64, 8, 2, 128, 32, 8, 2))
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(32, 64, 8, 2, 128, 32, 8, 2))
