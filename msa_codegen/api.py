@@ -147,6 +147,8 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
                                                 q 2:  x x x . .
                                                 q 3:  . . . x .
                                                 q 4:  . . . x x
+
+            One document (``[0, N]``) is the plain pattern and runs its kernels, after the same checks.
         q_pos, k_pos: int32/int64 ``(B, Hq, Nq)`` / ``(B, Hkv, Nk)`` or broadcastable (``(Nq,)``):
             original positions of compacted rows; the pattern is evaluated on them and Nq may
             differ from Nk. Non-decreasing along the sequence (blocks are skipped by position
@@ -214,6 +216,13 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
                           if x is not None)
         raise ValueError(f"{given}: inputs of an msa=T pattern term, but pattern "
                          f"{str(parse(pattern))!r} has no msa term (e.g. '0-7:msa=2048;8-15:window=4096')")
+    if _one_document(cu_seqlens, q_pos, q_bucket):
+        # cu_seqlens = [0, N] is the plain pattern's mask: checked as any cu_seqlens (errors and
+        # the once-per-version syncs alike), then run by the plain kernels, which took 0.87x the
+        # positional ones' time on the H200 (docs/performance.md)
+        prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
+        run_time["cu_seqlens"] = None
+        positional = segments = classes = False
     plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes)
     dynamic = positional or block_indices is not None or plan.has_topk
     if autotune:
@@ -234,6 +243,13 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
     out, lse = run(q, k, v, plan, scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg, dyn.block_indices)
     return (out, lse) if return_lse else out
+
+
+def _one_document(cu_seqlens, q_pos, q_bucket) -> bool:
+    """A ``cu_seqlens`` of two offsets and no other row inputs: once checked (0 first, N last),
+    one document of all N rows, whose positions are the rows themselves."""
+    return (isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.shape[0] == 2
+            and q_pos is None and q_bucket is None)
 
 
 _MSA_NOT_COMPILED = ("attention with an msa=T pattern term (q_proxy, k_proxy) does not run under torch.compile "

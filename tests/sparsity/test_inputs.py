@@ -249,6 +249,31 @@ def test_many_tiles(kind, pattern, cfg, device):
         check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
 
 
+@pytest.mark.parametrize("pattern", ["window=10,dilation=2,sink=3", "causal=false,global=4,window=6,random=2,block=16",
+                                     "window=8,topk=2,block=16"])
+def test_one_document_runs_the_plain_kernels(pattern, device):
+    """cu_seqlens = [0, N] is the plain pattern's mask: the call checks it as any cu_seqlens and
+    runs the plain (not positional) plan, matching the float64 reference of the documents'
+    contract; a bad two-offset cu_seqlens still raises."""
+    from msa_codegen import api as api_mod
+
+    seen = []
+    real = api_mod.plan_for
+
+    def spy(*args):
+        seen.append(args[7:10])   # positional, segments, classes
+        return real(*args)
+
+    def one_doc(b, hq, hkv, nq, nk, gen):
+        return {"cu_seqlens": torch.tensor([0, nq], dtype=torch.int32)}
+    with unittest.mock.patch.object(api_mod, "plan_for", spy):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=150, device=device, make=with_topk(pattern, one_doc))
+    assert seen and all(flags == (False, False, False) for flags in seen), seen
+    q = torch.randn(1, 2, 20, 32, device=device)
+    with pytest.raises(ValueError, match="end at N=20"):
+        msa.attention(q, q, q, pattern.split(",topk")[0], cu_seqlens=torch.tensor([0, 19], dtype=torch.int32, device=device))
+
+
 def test_length_one_documents_and_empty_rows(device):
     """Every document of length 1, and a pattern under which some rows see nothing (zero, -inf)."""
     def make(b, hq, hkv, nq, nk, gen):
