@@ -552,6 +552,21 @@ def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def _positional_run(kind, pattern, cfg, device, descriptors):
+    """check_dynamic on ``kind``'s inputs with the positional kernels' descriptors on or off;
+    returns what each launch's ``use_tma`` answered (empty when it was never asked)."""
+    launched = []
+    real = tma_mod.use_tma
+
+    def spy(*ts):
+        launched.append(real(*ts))
+        return launched[-1]
+    with use_config(cfg), tma_mod.use_positional_descriptors(descriptors), \
+            unittest.mock.patch.object(launch_mod, "use_tma", spy):
+        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
+    return launched
+
+
 @pytest.mark.parametrize("kind,pattern,cfg", [
     ("docs", "window=10,dilation=2,sink=3", SMALL_TILES[0]),
     ("docs", "causal", SMALL_TILES[1]),
@@ -562,15 +577,7 @@ def test_positional_descriptors(kind, pattern, cfg, device):
     """The positional kernels with their loops' K/V (forward, dq) and Q/dO (dk/dv) through
     descriptors over each loop call's rows (the default, use_positional_descriptors): rows past a
     range arrive as zeros, as the pointer loads' masked rows."""
-    launched = []
-    real = tma_mod.use_tma
-
-    def spy(*ts):
-        launched.append(real(*ts))
-        return launched[-1]
-    with use_config(cfg), tma_mod.use_positional_descriptors(True), \
-            unittest.mock.patch.object(launch_mod, "use_tma", spy):
-        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
+    launched = _positional_run(kind, pattern, cfg, device, descriptors=True)
     assert launched and all(launched)   # the descriptor path ran (forward and backward)
 
 
@@ -581,16 +588,7 @@ def test_positional_descriptors(kind, pattern, cfg, device):
 def test_positional_pointer_loads(kind, pattern, cfg, device):
     """use_positional_descriptors(False) (MSA_CODEGEN_POSITIONAL_TMA=0): the positional kernels
     load through pointers, never asking for descriptors, with the same result."""
-    launched = []
-    real = tma_mod.use_tma
-
-    def spy(*ts):
-        launched.append(real(*ts))
-        return launched[-1]
-    with use_config(cfg), tma_mod.use_positional_descriptors(False), \
-            unittest.mock.patch.object(launch_mod, "use_tma", spy):
-        check_dynamic(pattern, b=1, hq=2, hkv=1, nq=230, device=device, make=_kind_inputs(kind, pattern))
-    assert not launched
+    assert not _positional_run(kind, pattern, cfg, device, descriptors=False)
 
 
 def test_repeated_positions(device):
