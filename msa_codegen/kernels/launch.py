@@ -14,6 +14,7 @@ from ..config import LaunchConfig
 from ..pattern.spec import Spec
 from ..plan import AttentionPlan
 from ..sparsity.tables import merged_block_tables, random_tables
+from . import gluon as _gluon
 from . import schedule
 from .schedule import cdiv
 from .tma import descriptor_fault, positional_descriptors, use_tma
@@ -82,7 +83,14 @@ def _on_tensor_device(fn):
 def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos=None, k_pos=None, q_seg=None,
             k_seg=None, block_indices=None):
     """(out, lse) of one call: one forward launch per head group of the plan, with ``cfg``'s
-    forward parameters. The run-time tensors are ``sparsity.prepare``'s (None for a plain call)."""
+    forward parameters. The run-time tensors are ``sparsity.prepare``'s (None for a plain call).
+    With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon family instead (kernels/gluon.py;
+    same outputs, so the backward below is the same); an ineligible one logs why, once."""
+    if _gluon.requested() and q_pos is None and block_indices is None:
+        why = _gluon.why_not(plan, q, k, v, scale)
+        if why is None:
+            return _gluon.forward(q, k, v, plan, scale)
+        _gluon.note(plan, why)
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv

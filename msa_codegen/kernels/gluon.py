@@ -1,0 +1,329 @@
+"""The Gluon forward family (Hopper, issue 22): eligibility, rendering, loading and the launcher.
+
+A second forward kernel family behind the same plan: ``templates/gluon/fwd.py.jinja``, rendered
+from a head group's ``KernelPlan``, written in Triton's Gluon (``triton.experimental.gluon``):
+a persistent, warp-specialised kernel (a 1-warp TMA producer, two 4-warp ``warpgroup_mma``
+consumers of 64 query rows each, mbarrier rings), derived from ``benchmarks/gluon_probe.py``'s
+``attn_ws2pf`` (582 TFLOP/s against the Triton forward's 495 on the H200, causal
+``window=4096``, D=128; docs/performance.md "Gluon on Hopper"). Its outputs are the Triton
+forward's: o in q's layout and the LSE (B, Hq, N) fp32 in natural-log units of the scaled
+scores, so the Triton backward runs on them unchanged.
+
+Opt-in: ``MSA_CODEGEN_GLUON=1`` in the environment, read on every call. A call then runs this
+family when ``why_not`` finds nothing against it; otherwise the Triton kernels run and the reason
+is logged once per (plan, reason) (logger ``msa_codegen.kernels.gluon``). ``describe`` gives
+the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
+fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
+or without ``sink`` (``pattern_reason``), q/k/v/o rows addressable by TMA (``layout_reason``),
+a positive scale, Nq == Nk, no run-time positions, segments or block indices.
+
+Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
+on any Triton and without a GPU. ``api()`` feature-detects the names the template needs (they
+moved between Triton 3.6 and 3.9). The rendered source is not part of ``render.kernel_hash``:
+tuning rows key the Triton kernels only, and this family has no tuned knobs yet.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+
+import torch
+import triton
+
+from ..pattern.lowering import KernelPlan
+from ..version import __version__
+from . import render as _render
+
+ENV = "MSA_CODEGEN_GLUON"
+TEMPLATE = "gluon/fwd.py.jinja"   # a family of its own: not among templates_digest's *.jinja
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+BLOCK_MC = 64    # query rows of one consumer warpgroup (a program's tile: 2 x 64)
+BLOCK_N = 128    # keys of one K/V tile
+#: K/V ring depth by head dim: D=128 fits 2 slots beside Q and O's buffers (196,936 B of sm_90's
+#: 232,448; 3 would need 262,536, the probe's figure), D=64 fits 3
+RING = {64: 3, 128: 2}
+#: registers a thread at launch: 9 warps round up to 3 warpgroups; the template's setmaxnreg
+#: moves them from the producer (24) to the consumers (240)
+MAXNREG = 168
+REGS = (24, 240)
+MAX_SEQLEN = 1 << 30   # the band arithmetic (q0 + WINDOW) stays inside int32
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_modules: dict[tuple[KernelPlan, str], object] = {}
+_noted: set[tuple] = set()
+
+
+def requested() -> bool:
+    """``MSA_CODEGEN_GLUON=1``: read on every call, so one process can time both families."""
+    return os.environ.get(ENV, "0") == "1"
+
+
+@functools.lru_cache(maxsize=1)
+def api() -> tuple[dict | None, str | None]:
+    """(names, None) when this Triton's Gluon has what the template needs, else (None, why).
+
+    Triton 3.6 names the TMA copies ``async_copy_global_to_shared`` / ``async_copy_shared_to_global``;
+    3.9 keeps the first and replaces the second by ``async_store`` (checked 2026-12-03 on 3.6.0
+    and 3.9.0): the newer names are used where they exist."""
+    try:
+        from triton.experimental import gluon  # noqa: F401
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia import hopper
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except Exception as e:   # an old Triton, a build without the NVIDIA backend, ...
+        return None, f"this Triton ({triton.__version__}) has no usable Gluon for Hopper ({type(e).__name__}: {e})"
+    missing = [name for mod, name in ((gl, "warp_specialize"), (gl, "NVMMADistributedLayout"),
+                                      (gl, "NVMMASharedLayout"), (gl, "DotOperandLayout"),
+                                      (hopper, "warpgroup_mma"), (hopper, "warpgroup_mma_wait"),
+                                      (hopper, "fence_async_shared"), (mbarrier, "MBarrierLayout"),
+                                      (tma, "store_wait"))
+               if not hasattr(mod, name)]
+    load = next((n for n in ("async_load", "async_copy_global_to_shared") if hasattr(tma, n)), None)
+    store = next((n for n in ("async_store", "async_copy_shared_to_global") if hasattr(tma, n)), None)
+    missing += [what for what, n in (("a TMA load", load), ("a TMA store", store)) if n is None]
+    if missing:
+        return None, f"this Triton's ({triton.__version__}) Gluon lacks {', '.join(missing)}"
+    return {"tma_load": load, "tma_store": store}, None
+
+
+# ---- eligibility ----------------------------------------------------------------------------
+
+def pattern_reason(kplan: KernelPlan) -> str | None:
+    """Why one head group's plan cannot run this family (None: it can)."""
+    if kplan.positional or kplan.segments:
+        return "run-time positions or segments (cu_seqlens, q_pos/k_pos, buckets)"
+    if kplan.has_window and kplan.dilation != 1:
+        return f"dilation={kplan.dilation}"
+    for name, value in (("global", kplan.global_), ("random", kplan.random), ("topk", kplan.topk)):
+        if value:
+            return f"{name}={value}"
+    if not (kplan.dense or kplan.has_window):
+        return "sink without a window (no band)"
+    return None
+
+
+def device_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why a device / dtype / head dim cannot run this family (None: they can)."""
+    if device.type != "cuda":
+        return f"device {device} is not a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    return capability_reason(f"{major}.{minor}", dtype, head_dim)
+
+
+def capability_reason(capability: str, dtype: torch.dtype, head_dim: int) -> str | None:
+    if not str(capability).startswith("9."):
+        return f"compute capability {capability} (the family is Hopper's, 9.x)"
+    if dtype not in DTYPES:
+        return f"dtype {str(dtype).replace('torch.', '')} (bf16 or fp16)"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} ({' or '.join(map(str, HEAD_DIMS))})"
+    return None
+
+
+def _rows_view(x: torch.Tensor) -> tuple[tuple[int, int, int], int] | None:
+    """How TMA sees x (B, H, N, D): a 2-D matrix [rows, x.stride(2)] whose rows n of (b, h) are
+    row b * xb + h * xh + n at column h * xhc; ((xb, xh, xhc), rows) or None when x's strides do
+    not decompose so (the contiguous (B, H, N, D) layout and the (B, N, H, D) one transposed do)."""
+    b, h, n, d = x.shape
+    s0, s1, sn, sd = x.stride()
+    if sd != 1 or sn < d:
+        return None
+    if b > 1 and s0 % sn:
+        return None
+    xb = s0 // sn if b > 1 else 0
+    if h == 1:
+        xh = xhc = 0
+    elif s1 % sn == 0:
+        xh, xhc = s1 // sn, 0
+    elif s1 * (h - 1) + d <= sn:
+        xh, xhc = 0, s1    # heads side by side within a row: (B, N, H, D) transposed
+    else:
+        return None
+    return (xb, xh, xhc), (b - 1) * xb + (h - 1) * xh + n
+
+
+def layout_reason(*tensors: torch.Tensor) -> str | None:
+    for name, x in zip("qkvo", tensors):
+        view = _rows_view(x)
+        if view is None:
+            return f"{name}'s strides {tuple(x.stride())} (rows of one head at one stride, D contiguous)"
+        elem = x.element_size()
+        if x.data_ptr() % 16 or (x.stride(2) * elem) % 16:
+            return f"{name} is not 16-byte aligned (TMA), base or row stride"
+        if view[1] >= 1 << 31:
+            return f"{name} spans {view[1]} rows (TMA coordinates are 32-bit)"
+    return None
+
+
+def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str | None:
+    """Why this call cannot run the Gluon forward (None: it runs it). ``plan``: its AttentionPlan."""
+    for grp in plan.groups:
+        why = pattern_reason(grp.kernel_plan)
+        if why:
+            return f"heads {grp.h0}-{grp.h1 - 1}: {why}" if len(plan.groups) > 1 else why
+    why = device_reason(q.device, q.dtype, q.shape[-1])
+    if why:
+        return why
+    if k.shape[2] != q.shape[2]:
+        return f"Nq {q.shape[2]} != Nk {k.shape[2]}"
+    if q.shape[2] >= MAX_SEQLEN:
+        return f"N {q.shape[2]} >= {MAX_SEQLEN}"
+    if not scale > 0:
+        return f"scale {scale} (positive scales only)"
+    why = layout_reason(q, k, v)
+    if why:
+        return why
+    names, why = api()
+    return why
+
+
+def note(plan, why: str) -> None:
+    """Log once per (plan, reason) that the Triton kernels run instead of the requested Gluon ones."""
+    key = (plan.key, why)
+    if key not in _noted:
+        _noted.add(key)
+        log.warning("%s=1: the Triton forward runs for %r (%s): %s", ENV, plan.pattern_text,
+                    str(plan.key[2]).replace("torch.", ""), why)
+
+
+def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
+    """One line for ``msa-codegen which``: the forward family a call of these head groups' plans
+    runs on this capability / dtype / head dim, and why not Gluon."""
+    why = next((pattern_reason(kp) for kp in groups if pattern_reason(kp)), None)
+    why = why or capability_reason(capability, dtype, head_dim) or api()[1]
+    if not requested():
+        state = "eligible" if why is None else f"not eligible: {why}"
+        return f"forward kernels: triton ({ENV} is not set; gluon {state})"
+    if why is None:
+        return f"forward kernels: gluon ({ENV}=1; inputs whose strides TMA cannot address run triton)"
+    return f"forward kernels: triton ({ENV}=1, but gluon is not eligible: {why})"
+
+
+# ---- rendering and loading ------------------------------------------------------------------
+
+def render(kplan: KernelPlan) -> str:
+    """The Gluon source of one head group's plan (raises ValueError when the plan is not eligible
+    or this Triton's Gluon lacks what the kernel needs)."""
+    why = pattern_reason(kplan)
+    if why:
+        raise ValueError(f"the Gluon family does not run this plan: {why}")
+    names, why = api()
+    if names is None:
+        raise ValueError(why)
+    meta = {"version": __version__, "triton": triton.__version__}
+    return _render._env().get_template(TEMPLATE).render(plan=kplan, meta=meta, api=names, maxnreg=MAXNREG,
+                                                           regs=REGS)
+
+
+def load(kplan: KernelPlan):
+    """The loaded module of a plan's Gluon kernel, written under ``render.home()/kernels`` (named
+    by a hash of its source) and kept in memory."""
+    key = (kplan, triton.__version__)
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            body = render(kplan)
+            digest = hashlib.sha256(body.encode()).hexdigest()
+            path = _render.home() / "kernels" / f"msa_gluon_fwd_{digest[:20]}.py"
+            text = f"{_render._DIGEST_PREFIX}{digest}\n{body}"
+            if not _render._read_valid(path):
+                _render._write_atomic(path, text)
+            name = f"msa_codegen_kernels.{path.stem}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            _modules[key] = mod
+    return mod
+
+
+# ---- launcher -------------------------------------------------------------------------------
+
+def _descriptor(x: torch.Tensor, rows: int, block: list[int]):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+    # rows past the tensor's end read TMA's zeros (the last tile of the last head)
+    return TensorDescriptor(x, [rows, x.stride(2)], [x.stride(2), 1], block, layout)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def forward(q, k, v, plan, scale: float):
+    """(o, lse) of one call by the Gluon kernel, one persistent launch per head group; the caller
+    has checked ``why_not(plan, q, k, v, scale) is None``. o: q's shape, dtype and (dense) layout;
+    lse: (B, Hq, N) fp32, natural log of the sum of exp(scale * q.k) over the visible keys."""
+    b, hq, n, d = q.shape
+    hkv = k.shape[1]
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, n), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    why = layout_reason(o)
+    if why:   # empty_like of a non-dense q: contiguous, which TMA addresses
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    (qb, qh, qhc), q_rows = _rows_view(q)
+    (kb, kh, khc), k_rows = _rows_view(k)
+    (vb, vh, vhc), v_rows = _rows_view(v)
+    (ob, oh, ohc), o_rows = _rows_view(o)
+    qd = _descriptor(q, q_rows, [BLOCK_MC, d])
+    od = _descriptor(o, o_rows, [BLOCK_MC, d])
+    kd = _descriptor(k, k_rows, [BLOCK_N, d])
+    vd = _descriptor(v, v_rows, [BLOCK_N, d])
+    group = hq // hkv
+    qk_scale = scale * 1.4426950408889634
+    n_qb = -(-n // (2 * BLOCK_MC))
+    sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    for grp in plan.groups:
+        kern = load(grp.kernel_plan).msa_gluon_fwd
+        hs = grp.h1 - grp.h0
+        tiles = b * hs * n_qb
+        kern[(min(sms, tiles),)](
+            qd, kd, vd, od, o, lse,
+            qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
+            grp.h0, hs, hq, group, n, tiles, qk_scale,
+            STAGES=RING[d], FOLD=True, num_warps=4, maxnreg=MAXNREG,
+        )
+    return o, lse
+
+
+# ---- ahead-of-time compile (no GPU needed) --------------------------------------------------
+
+def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
+    """The plan's kernel compiled for sm_{arch} without a GPU (Triton's bundled ptxas), as a
+    launch specialises it: a CompiledKernel (``.metadata.shared``, ``.asm['cubin']``). Run it in
+    a process without TRITON_INTERPRET."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kern = load(kplan).msa_gluon_fwd
+    gdt, short = (gl.bfloat16, "bf16") if dtype == torch.bfloat16 else (gl.float16, "fp16")
+
+    def desc(rows):
+        block = [rows, head_dim]
+        return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
+
+    consts = dict(STAGES=RING[head_dim], FOLD=True)
+    sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
+               O=f"*{short}", LSE="*fp32", qk_scale="fp32")
+    sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
+    cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}
+    return triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=4, maxnreg=MAXNREG))
