@@ -128,10 +128,11 @@ def capability_reason(capability: str, dtype: torch.dtype, head_dim: int) -> str
     return None
 
 
-def _rows_view(x: torch.Tensor) -> tuple[tuple[int, int, int], int] | None:
-    """How TMA sees x (B, H, N, D): a 2-D matrix [rows, x.stride(2)] whose rows n of (b, h) are
-    row b * xb + h * xh + n at column h * xhc; ((xb, xh, xhc), rows) or None when x's strides do
-    not decompose so (the contiguous (B, H, N, D) layout and the (B, N, H, D) one transposed do)."""
+def _rows_view(x: torch.Tensor) -> tuple[tuple[int, int, int], int, int] | None:
+    """How TMA sees x (B, H, N, D): a 2-D matrix [rows, cols] of row stride x.stride(2) whose rows
+    n of (b, h) are row b * xb + h * xh + n at columns h * xhc .. h * xhc + D; ((xb, xh, xhc), rows,
+    cols), or None when x's strides do not decompose so (the contiguous (B, H, N, D) layout, the
+    (B, N, H, D) one transposed and slices of a packed last dim do)."""
     b, h, n, d = x.shape
     s0, s1, sn, sd = x.stride()
     if sd != 1 or sn < d:
@@ -147,7 +148,7 @@ def _rows_view(x: torch.Tensor) -> tuple[tuple[int, int, int], int] | None:
         xh, xhc = 0, s1    # heads side by side within a row: (B, N, H, D) transposed
     else:
         return None
-    return (xb, xh, xhc), (b - 1) * xb + (h - 1) * xh + n
+    return (xb, xh, xhc), (b - 1) * xb + (h - 1) * xh + n, (h - 1) * xhc + d
 
 
 def layout_reason(*tensors: torch.Tensor) -> str | None:
@@ -250,14 +251,14 @@ def load(kplan: KernelPlan):
 
 # ---- launcher -------------------------------------------------------------------------------
 
-def _descriptor(x: torch.Tensor, rows: int, block: list[int]):
+def _descriptor(x: torch.Tensor, rows: int, cols: int, block: list[int]):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
     # rows past the tensor's end read TMA's zeros (the last tile of the last head)
-    return TensorDescriptor(x, [rows, x.stride(2)], [x.stride(2), 1], block, layout)
+    return TensorDescriptor(x, [rows, cols], [x.stride(2), 1], block, layout)
 
 
 @functools.lru_cache(maxsize=16)
@@ -278,14 +279,14 @@ def forward(q, k, v, plan, scale: float):
     why = layout_reason(o)
     if why:   # empty_like of a non-dense q: contiguous, which TMA addresses
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    (qb, qh, qhc), q_rows = _rows_view(q)
-    (kb, kh, khc), k_rows = _rows_view(k)
-    (vb, vh, vhc), v_rows = _rows_view(v)
-    (ob, oh, ohc), o_rows = _rows_view(o)
-    qd = _descriptor(q, q_rows, [BLOCK_MC, d])
-    od = _descriptor(o, o_rows, [BLOCK_MC, d])
-    kd = _descriptor(k, k_rows, [BLOCK_N, d])
-    vd = _descriptor(v, v_rows, [BLOCK_N, d])
+    (qb, qh, qhc), *q_view = _rows_view(q)
+    (kb, kh, khc), *k_view = _rows_view(k)
+    (vb, vh, vhc), *v_view = _rows_view(v)
+    (ob, oh, ohc), *o_view = _rows_view(o)
+    qd = _descriptor(q, *q_view, [BLOCK_MC, d])
+    od = _descriptor(o, *o_view, [BLOCK_MC, d])
+    kd = _descriptor(k, *k_view, [BLOCK_N, d])
+    vd = _descriptor(v, *v_view, [BLOCK_N, d])
     group = hq // hkv
     qk_scale = scale * 1.4426950408889634
     n_qb = -(-n // (2 * BLOCK_MC))
