@@ -1,0 +1,307 @@
+"""The Gluon forward family (kernels/gluon.py, templates/gluon/fwd.py.jinja; issue 22).
+
+CPU: rendering is deterministic and kept out of the Triton kernels' hash, the eligibility rules
+(patterns, capabilities, dtypes, head dims, layouts), the 2-D view TMA reads, the opt-in
+variable and its fallback line, and an ahead-of-time compile for sm_90 (Triton's bundled
+ptxas, a process without TRITON_INTERPRET). ``gpu``: output and LSE against the float64
+reference on an H100/H200 (the kernel runs on capability 9.x only), and forward + backward
+through ``msa_codegen.attention`` with MSA_CODEGEN_GLUON=1: the Triton backward on the Gluon
+forward's o and LSE.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import re
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import msa_codegen as msa
+from helpers import FLOOR, chunked_reference, make_inputs, rel_err
+from msa_codegen.kernels import gluon, render as codegen
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+from msa_codegen.plan import plan_for
+
+NAMES, WHY_NO_API = gluon.api()
+needs_api = pytest.mark.skipif(NAMES is None, reason=f"no Gluon for Hopper here: {WHY_NO_API}")
+
+
+def _plan(pattern: str):
+    return lower(parse(pattern).groups[0].spec)
+
+
+ELIGIBLE = ["causal", "causal=false", "window=4096", "window=1", "causal=false,window=300", "window=512,sink=64",
+            "causal=false,window=200,sink=100"]
+NOT_ELIGIBLE = [("window=512,dilation=2", "dilation=2"), ("causal=false,global=16", "global=16"),
+                ("window=64,random=2", "random=2"), ("window=64,topk=2", "topk=2"),
+                ("sink=64", "sink without a window (no band)")]
+
+
+# ---- CPU: rendering ---------------------------------------------------------------------------
+
+@needs_api
+def test_render_is_deterministic_python_and_specialised_by_the_plan():
+    sources = {p: gluon.render(_plan(p)) for p in ELIGIBLE}
+    assert all(gluon.render(_plan(p)) == s for p, s in sources.items())   # same plan, same text
+    assert len(set(sources.values())) == len(ELIGIBLE)                    # every plan its own text
+    for p, src in sources.items():
+        ast.parse(src)
+        assert src.startswith("# generated from msa_codegen/templates/gluon/fwd.py.jinja"), p
+        assert "def msa_gluon_fwd(" in src
+        assert f"tma.{NAMES['tma_load']}(" in src and f"tma.{NAMES['tma_store']}(" in src
+    assert "WINDOW = gl.constexpr(4096)" in sources["window=4096"]
+    assert "WINDOW = gl.constexpr(1073741824)" in sources["causal"]         # dense: no row exceeds it
+    assert "(j < SINK)" in sources["window=512,sink=64"] and "(j < SINK)" not in sources["window=4096"]
+    assert "delta" not in sources["causal"]   # the window as per-row bounds (no [rows, keys] difference)
+
+
+def test_the_gluon_family_stays_out_of_the_triton_kernels_hash():
+    # templates_digest and the "one family" test read the *.jinja beside fwd.py.jinja only
+    assert "gluon" not in {p.name for p in codegen.TEMPLATE_DIR.glob("*.jinja")}
+    assert (codegen.TEMPLATE_DIR / gluon.TEMPLATE).is_file()
+    for d in codegen.DIRECTIONS:
+        assert "gluon" not in codegen.render(_plan("window=4096"), d)
+
+
+@pytest.mark.parametrize("pattern,why", NOT_ELIGIBLE, ids=[p for p, _ in NOT_ELIGIBLE])
+def test_render_refuses_a_plan_the_family_does_not_run(pattern, why):
+    assert gluon.pattern_reason(_plan(pattern)) == why
+    with pytest.raises(ValueError, match=re.escape(why)):
+        gluon.render(_plan(pattern))
+
+
+# ---- CPU: eligibility -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", ELIGIBLE)
+def test_plain_window_terms_are_eligible(pattern):
+    assert gluon.pattern_reason(_plan(pattern)) is None
+
+
+def test_run_time_positions_are_not_eligible():
+    spec = parse("window=64").groups[0].spec
+    assert "positions" in gluon.pattern_reason(lower(spec, positional=True))
+    assert "positions" in gluon.pattern_reason(lower(spec, positional=True, segments=True))
+
+
+@pytest.mark.parametrize("cap,dtype,d,ok", [
+    ("9.0", torch.bfloat16, 128, True), ("9.0", torch.float16, 64, True), ("9.0", torch.bfloat16, 64, True),
+    ("8.0", torch.bfloat16, 128, False), ("10.0", torch.bfloat16, 128, False), ("12.0", torch.float16, 64, False),
+    ("9.0", torch.float32, 128, False), ("9.0", torch.bfloat16, 80, False), ("9.0", torch.bfloat16, 256, False),
+    ("9.0", torch.float16, 32, False)])
+def test_capability_dtype_and_head_dim(cap, dtype, d, ok):
+    why = gluon.capability_reason(cap, dtype, d)
+    assert (why is None) == ok, why
+
+
+def test_a_cpu_call_is_not_eligible_and_says_why():
+    q, k, v, _ = make_inputs(1, 2, 1, 64, 64, torch.float32, "cpu")
+    plan = plan_for("window=16", q.device, q.dtype, 64, 2, 1, 64)
+    assert "not a CUDA GPU" in gluon.why_not(plan, q, k, v, 0.125)
+    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2", q.device, q.dtype, 64, 2, 1, 64)
+    assert gluon.why_not(plan, q, k, v, 0.125) == "heads 1-1: dilation=2"
+
+
+def _address(x, b, h, n):
+    return (x[b, h, n].data_ptr() - x.data_ptr()) // x.element_size()
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "packed", "one-batch-slice"])
+def test_the_two_dim_view_addresses_every_row(layout):
+    """_rows_view's (row, column) of (b, h, n) is the element's address in the tensor, and the
+    view spans exactly the rows and columns the tensor's heads use."""
+    b, h, n, d = 3, 4, 37, 64
+    if layout == "bhnd":
+        x = torch.randn(b, h, n, d)
+    elif layout == "bnhd":
+        x = torch.randn(b, n, h, d).transpose(1, 2)
+    elif layout == "packed":   # q of a packed (B, H, N, 3D) projection
+        x = torch.randn(b, h, n, 3 * d)[..., d:2 * d]
+    else:
+        x = torch.randn(b + 1, h, n, d)[1:]
+    (xb, xh, xhc), rows, cols = gluon._rows_view(x)
+    sn = x.stride(2)
+    for bi in range(b):
+        for hi in range(h):
+            for ni in (0, 1, n - 1):
+                assert _address(x, bi, hi, ni) == (bi * xb + hi * xh + ni) * sn + hi * xhc
+    assert rows == (b - 1) * xb + (h - 1) * xh + n and hi * xhc + d <= cols <= sn
+    assert gluon.layout_reason(x) is None
+
+
+def test_layouts_tma_cannot_address_are_named():
+    x = torch.randn(2, 4, 32, 128).transpose(2, 3)            # D not contiguous
+    assert "strides" in gluon.layout_reason(x)
+    y = torch.randn(2, 4, 32, 130)[..., 1:129]                  # rows of 130 elements: not 16-byte strides
+    assert gluon.layout_reason(y) is not None
+    z = torch.randn(2, 32, 64, 4).permute(0, 3, 1, 2)         # heads innermost: (b, h) rows do not decompose
+    assert "strides" in gluon.layout_reason(z)
+
+
+def test_the_variable_is_read_on_every_call(monkeypatch):
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    assert not gluon.requested()
+    monkeypatch.setenv(gluon.ENV, "1")
+    assert gluon.requested()
+    monkeypatch.setenv(gluon.ENV, "0")
+    assert not gluon.requested()
+
+
+def test_describe_names_the_family_and_why(monkeypatch):
+    plans = [_plan("window=4096")]
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
+    assert line.startswith("forward kernels: triton") and gluon.ENV in line
+    monkeypatch.setenv(gluon.ENV, "1")
+    line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
+    assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
+    line = gluon.describe([_plan("window=64,dilation=2")], "9.0", torch.bfloat16, 128)
+    assert line == f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2)"
+    assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
+
+
+def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
+    """MSA_CODEGEN_GLUON=1 on a call the family does not take (here: the interpreter on the CPU,
+    or dilation on a GPU): the Triton forward runs, one log line says why."""
+    monkeypatch.setenv(gluon.ENV, "1")
+    ran = []
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: ran.append(1))
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    q, k, v, _ = make_inputs(1, 2, 1, 70, 64, dtype, device)
+    with caplog.at_level(logging.WARNING, logger=gluon.__name__):
+        for _ in range(2):
+            out = msa.attention(q, k, v, "window=16,dilation=2")
+    assert not ran
+    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2")) < FLOOR[dtype]
+    lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__]
+    assert len(lines) == 1 and "dilation=2" in lines[0] and "Triton forward runs" in lines[0], lines
+
+
+_AOT = """
+import json, sys, torch
+from msa_codegen.kernels import gluon
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+out = []
+for pattern, dtype, d in json.loads(sys.argv[1]):
+    k = gluon.aot_compile(lower(parse(pattern).groups[0].spec), getattr(torch, dtype), d)
+    out.append(dict(pattern=pattern, shared=k.metadata.shared, cubin=len(k.asm["cubin"])))
+print(json.dumps(out))
+"""
+
+
+@needs_api
+def test_ahead_of_time_compile_for_sm90(tmp_path):
+    """The rendered kernel compiles for sm_90 without a GPU, within its shared memory."""
+    pytest.importorskip("triton.backends.nvidia")
+    cases = [("window=256", "bfloat16", 128), ("causal=false,window=64,sink=16", "float16", 64)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    p = subprocess.run([sys.executable, "-c", _AOT, json.dumps(cases)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    for (pattern, _, d), row in zip(cases, rows):
+        # Q and O (2 x 64 rows each) and the K/V ring: 196,936 B at D=128 (probe), under 232,448
+        ring = gluon.RING[d]
+        assert (4 * 64 + 2 * ring * 128) * d * 2 <= row["shared"] <= 232448, row
+        assert row["cubin"] > 0
+
+
+# ---- GPU: against the float64 reference ---------------------------------------------------------
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon family runs on compute capability 9.x only")
+
+BF, FP = torch.bfloat16, torch.float16
+# each pattern at several of: N (not a multiple of 128, one, a multiple), D 64 / 128, GQA 4/1 and
+# 16/16, bf16 / fp16; kept small enough to compile once per (pattern, D, dtype)
+_SHAPES = [(1000, 128, 4, 1, BF), (4096 + 37, 64, 16, 16, FP), (8192, 128, 16, 16, BF), (4096 + 37, 128, 4, 1, FP)]
+GPU_CASES = ([("window=4096", *s) for s in _SHAPES] + [("causal", *s) for s in _SHAPES[:3]]
+             + [("window=256", *s) for s in _SHAPES[:2]]
+             + [("causal=false,window=300", *s) for s in _SHAPES[:3]]
+             + [("window=512,sink=64", *s) for s in _SHAPES[:2]]
+             + [("causal=false,window=200,sink=100", *s) for s in (_SHAPES[0], _SHAPES[3])]
+             + [("causal=false", _SHAPES[0][0], 64, 4, 1, BF)])
+
+
+def _ids(cases):
+    return [f"{c[0]}-N{c[1]}-D{c[2]}-{c[3]}x{c[4]}-{str(c[5])[6:]}" for c in cases]
+
+
+def _bound(dtype, base):
+    return max(FLOOR[dtype], 2 * base)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+@pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", GPU_CASES, ids=_ids(GPU_CASES))
+def test_gpu_forward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
+    q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
+    scale = d ** -0.5
+    plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n)
+    assert gluon.why_not(plan, q, k, v, scale) is None
+    with torch.no_grad():
+        out, lse = gluon.forward(q, k, v, plan, scale)
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and out.stride() == q.stride() and lse.shape == (1, hq, n)
+    do = torch.randn_like(q)
+    ref = chunked_reference(q, k, v, pattern, do)
+    low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
+    err, base = rel_err(out, ref[0]), rel_err(low[0], ref[0])
+    assert err <= _bound(dtype, base), f"out: {err:.2e} (torch {base:.2e}), seed {seed}"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref[1])), f"seed {seed}"
+    fin = torch.isfinite(ref[1])
+    lse_err = (lse[fin].double() - ref[1][fin]).abs().max().item()
+    assert lse_err < 0.05, f"LSE abs err {lse_err:.2e}, seed {seed}"
+
+
+BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300,sink=64", 1000, 64, 16, 16, FP)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+@pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", BWD_CASES, ids=_ids(BWD_CASES))
+def test_gpu_attention_forward_backward_with_the_variable(monkeypatch, pattern, n, d, hq, hkv, dtype):
+    """msa_codegen.attention with MSA_CODEGEN_GLUON=1: the Gluon forward runs (spied), and the
+    Triton backward on its o and LSE gives the reference gradients."""
+    monkeypatch.setenv(gluon.ENV, "1")
+    calls = []
+    real = gluon.forward
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
+    out, lse = msa.attention(q, k, v, pattern, return_lse=True)
+    assert calls == [1], "the Gluon forward did not run"
+    do = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    ref = chunked_reference(q, k, v, pattern, do)
+    low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
+    for name, got, i in (("out", out, 0), ("dq", dq, 2), ("dk", dk, 3), ("dv", dv, 4)):
+        err, base = rel_err(got, ref[i]), rel_err(low[i], ref[i])
+        assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), seed {seed}"
+    fin = torch.isfinite(ref[1])
+    assert (lse[fin].double() - ref[1][fin]).abs().max().item() < 0.05
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+def test_gpu_bnhd_layout_and_several_head_groups(monkeypatch):
+    """(B, N, H, D) inputs transposed (TMA reads heads side by side in a row), B=2, two head
+    groups of their own patterns: one launch each, o in q's layout."""
+    monkeypatch.setenv(gluon.ENV, "1")
+    pattern = "0-3:window=128;4-7:causal=false,window=64,sink=8"
+    q, k, v, seed = make_inputs(2, 8, 2, 1500, 128, BF, "cuda", layout="bnhd")
+    plan = plan_for(pattern, q.device, BF, 128, 8, 2, 1500)
+    assert gluon.why_not(plan, q, k, v, 128 ** -0.5) is None
+    out = msa.attention(q, k, v, pattern)
+    assert out.stride() == q.stride()
+    ref = msa.reference_attention(q, k, v, pattern)
+    assert rel_err(out, ref) < FLOOR[BF], f"seed {seed}"
