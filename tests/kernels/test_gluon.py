@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,6 +75,67 @@ def test_render_refuses_a_plan_the_family_does_not_run(pattern, why):
     assert gluon.pattern_reason(_plan(pattern)) == why
     with pytest.raises(ValueError, match=re.escape(why)):
         gluon.render(_plan(pattern))
+
+
+# ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
+
+class _Gl:
+    """The few Gluon scalar/array builtins the tiling helpers use, on NumPy."""
+    constexpr = staticmethod(lambda x: x)
+    maximum, minimum, where, expand_dims = np.maximum, np.minimum, np.where, np.expand_dims
+    cdiv = staticmethod(lambda a, b: -(-a // b))
+
+
+def _tiling(pattern: str) -> dict:
+    """The rendered kernel's tile helpers (_bounds, _key_tile, _visible and the plan constants)
+    executed as Python over NumPy: the schedule the GPU runs, checked on the CPU."""
+    src = gluon.render(_plan(pattern)) if NAMES else None
+    if src is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    tree = ast.parse(src)
+    keep = [n for n in tree.body
+            if (isinstance(n, ast.FunctionDef) and n.name in ("_bounds", "_key_tile", "_visible"))
+            or (isinstance(n, ast.Assign) and n.targets[0].id in ("CAUSAL", "WINDOW", "SINK"))]
+    ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon tiling>", "exec"), ns)
+    return ns
+
+
+TILING = [("window=1", (1, 127, 128, 129, 300)), ("window=100", (1, 129, 700)), ("window=128", (256, 300)),
+          ("window=300", (129, 1000)), ("causal", (1, 129, 700)), ("causal=false", (129, 700)),
+          ("causal=false,window=1", (129, 300)), ("causal=false,window=200", (1, 129, 1000)),
+          ("window=64,sink=1", (129, 700)), ("window=100,sink=128", (700,)), ("window=300,sink=200", (1000,)),
+          ("window=128,sink=500", (1000,)), ("causal=false,window=100,sink=64", (129, 1000)),
+          ("causal=false,window=64,sink=600", (700,)), ("causal=false,window=300,sink=2000", (1000,))]
+
+
+@pytest.mark.parametrize("pattern,lengths", TILING, ids=[p for p, _ in TILING])
+def test_the_rendered_tiling_covers_the_mask_exactly(pattern, lengths):
+    """Per 128-row query tile, the key tiles the kernel visits (each once), unmasked only where
+    every row sees every key, masked by the rendered predicate elsewhere: their union is the
+    pattern's mask, and no key past N is seen."""
+    ns = _tiling(pattern)
+    bm = bn = 2 * gluon.BLOCK_MC
+    assert bn == gluon.BLOCK_N
+    for n in lengths:
+        want = msa.mask(pattern, n)[0].numpy()
+        got = np.zeros((n, n + bn), dtype=bool)
+        for q0 in range(0, n, bm):
+            n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, bm, bn))
+            rows = np.arange(q0, min(q0 + bm, n))
+            seen = []
+            for c in range(n_sink + kb_hi - kb_lo):
+                kb, masked = ns["_key_tile"](c, n_sink, kb_lo, full_lo, full_hi, bn)
+                kb = int(kb)
+                seen.append(kb)
+                keys = np.arange(kb * bn, kb * bn + bn)
+                vis = ns["_visible"](rows, keys, n)
+                if not masked:
+                    assert vis.all() and keys[-1] < n, (pattern, n, q0, kb)
+                got[q0:q0 + len(rows), kb * bn:kb * bn + bn] |= vis
+            assert len(seen) == len(set(seen)), (pattern, n, q0, seen)
+        assert not got[:, n:].any(), (pattern, n)
+        assert np.array_equal(got[:, :n], want), (pattern, n, np.argwhere(got[:, :n] != want)[:5])
 
 
 # ---- CPU: eligibility -------------------------------------------------------------------------
