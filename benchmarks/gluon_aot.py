@@ -1,0 +1,56 @@
+"""The Gluon forward family compiled for sm_90 without a GPU: shared memory, registers, spills.
+
+    PYTHONPATH=$PWD python benchmarks/gluon_aot.py [PATTERN ...] [--dtypes bf16,fp16] [--head-dims 64,128]
+
+One JSON line per (pattern, dtype, head dim): shared bytes (the kernel's, sm_90 allows 232,448),
+registers a thread at launch, the cubin's stack bytes and its spill stores / loads (STL / LDL,
+``gluon_probe._ptxas_regs``: cuobjdump on the cubin). Run it in a process without
+TRITON_INTERPRET, with the Triton the GPU runs (the H200 image: 3.6).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from msa_codegen.kernels import gluon  # noqa: E402
+from msa_codegen.pattern.lowering import lower  # noqa: E402
+from msa_codegen.pattern.spec import parse  # noqa: E402
+
+PATTERNS = ["window=4096", "causal", "causal=false", "causal=false,window=512", "window=4096,sink=64",
+            "causal=false,window=512,sink=64"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("patterns", nargs="*", default=PATTERNS, help="default: " + " ".join(PATTERNS))
+    ap.add_argument("--dtypes", default="bf16,fp16", help="default: %(default)s")
+    ap.add_argument("--head-dims", default="128,64", help="default: %(default)s")
+    args = ap.parse_args(argv)
+    from gluon_probe import _ptxas_regs
+
+    rc = 0
+    for pattern in args.patterns:
+        for dt in args.dtypes.split(","):
+            for d in map(int, args.head_dims.split(",")):
+                t0 = time.time()
+                row = dict(pattern=pattern, dtype=dt, head_dim=d)
+                try:
+                    k = gluon.aot_compile(lower(parse(pattern).groups[0].spec), DTYPES[dt], d)
+                    row.update(shared=k.metadata.shared, **(_ptxas_regs(k) or {}))
+                except Exception as e:   # recorded, the next one still compiles
+                    row["error"], rc = f"{type(e).__name__}: {e}"[-2000:], 1
+                row["seconds"] = round(time.time() - t0, 1)
+                print(json.dumps(row), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
