@@ -87,18 +87,29 @@ class _Gl:
 
 
 def _tiling(pattern: str) -> dict:
-    """The rendered kernel's tile helpers (_bounds, _key_tile, _visible and the plan constants)
+    """The rendered kernel's tile helpers (_tile, _bounds, _key_tile, _visible, the plan constants)
     executed as Python over NumPy: the schedule the GPU runs, checked on the CPU."""
     src = gluon.render(_plan(pattern)) if NAMES else None
     if src is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     tree = ast.parse(src)
     keep = [n for n in tree.body
-            if (isinstance(n, ast.FunctionDef) and n.name in ("_bounds", "_key_tile", "_visible"))
+            if (isinstance(n, ast.FunctionDef) and n.name in ("_tile", "_bounds", "_key_tile", "_visible"))
             or (isinstance(n, ast.Assign) and n.targets[0].id in ("CAUSAL", "WINDOW", "SINK"))]
     ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon tiling>", "exec"), ns)
     return ns
+
+
+def test_the_rendered_tile_order_covers_every_tile_once():
+    """_tile maps t = 0 .. B * HS * n_qb - 1 onto every (q0, b, h) of the head group once, with
+    GQA's KV head h // group, a head's tiles consecutive (neighbours share their K/V in L2)."""
+    tile = _tiling("causal")["_tile"]
+    n_qb, hs, h0, group, b = 5, 3, 2, 2, 2
+    got = [tuple(int(x) for x in tile(t, n_qb, hs, h0, group, 128)) for t in range(b * hs * n_qb)]
+    assert sorted(got) == sorted((q * 128, bi, h, h // group) for q in range(n_qb) for bi in range(b)
+                                 for h in range(h0, h0 + hs))
+    assert all(got[t][1:3] == got[t - t % n_qb][1:3] for t in range(len(got)))
 
 
 TILING = [("window=1", (1, 127, 128, 129, 300)), ("window=100", (1, 129, 700)), ("window=128", (256, 300)),
