@@ -29,9 +29,9 @@
 #   sweep      benchmarks/sweep.py: launch configurations of one case, forward and backward;
 #              ARGS e.g. --pattern window=4096 --heads 32 --head-dim 64 --fwd-only
 #   gluon      the Gluon forward family (kernels/gluon.py, issue 22), under 4 minutes: stage 1 its
-#              GPU tests (pytest tests/kernels/test_gluon.py -m gpu, limit T1=130 s), stage 2
+#              GPU tests (pytest tests/kernels/test_gluon.py -m gpu, limit T1=120 s), stage 2
 #              benchmarks/gluon_bench.py (w4096, w4096-s64, dense-causal: forward and forward +
-#              backward with MSA_CODEGEN_GLUON unset and set, one process; limit T2=90 s; rows to
+#              backward with MSA_CODEGEN_GLUON unset and set, one process; limit T2=85 s; rows to
 #              $OUT/gluon_bench.jsonl as they finish), then a summary: each stage's exit status and
 #              the timing table. ARGS go to pytest
 #
@@ -132,7 +132,7 @@ case "$suite" in
     { header; limit python3 benchmarks/sweep.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon)
-    T1=${T1:-130}; T2=${T2:-90}
+    T1=${T1:-120}; T2=${T2:-85}
     par=""
     python3 -c "import xdist" 2>/dev/null && par="-n ${WORKERS:-3}"
     rm -f "$OUT/gluon_bench.jsonl"
