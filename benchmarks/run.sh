@@ -139,7 +139,7 @@ case "$suite" in
     {
       header
       echo "==== stage 1: GPU tests of the Gluon family (limit $T1 s)"
-      timeout "$T1" python3 -m pytest tests/kernels/test_gluon.py -m gpu -q -p no:cacheprovider -rfEs $par "$@"; r1=$?
+      timeout "$T1" python3 -m pytest tests/kernels/test_gluon.py -m gpu -v --tb=short -p no:cacheprovider -rfEs $par "$@"; r1=$?
       [ "$r1" = 124 ] && echo "stage 1 TIMED OUT after $T1 s (the lines above say which tests finished)"
       echo "==== stage 2: Gluon against Triton, one process (limit $T2 s)"
       timeout "$T2" python3 benchmarks/gluon_bench.py --out "$OUT/gluon_bench.jsonl"; r2=$?
