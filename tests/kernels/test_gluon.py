@@ -95,7 +95,7 @@ def _tiling(pattern: str) -> dict:
     tree = ast.parse(src)
     keep = [n for n in tree.body
             if (isinstance(n, ast.FunctionDef) and n.name in ("_tile", "_bounds", "_key_tile", "_visible"))
-            or (isinstance(n, ast.Assign) and n.targets[0].id in ("CAUSAL", "WINDOW", "SINK"))]
+            or (isinstance(n, ast.Assign) and n.targets[0].id in ("WINDOW", "SINK"))]
     ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon tiling>", "exec"), ns)
     return ns
