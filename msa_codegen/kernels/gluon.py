@@ -202,7 +202,7 @@ def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
     why = why or capability_reason(capability, dtype, head_dim) or api()[1]
     if not requested():
         state = "eligible" if why is None else f"not eligible: {why}"
-        return f"forward kernels: triton ({ENV} is not set; gluon {state})"
+        return f"forward kernels: triton ({ENV}=1 is not set; gluon {state})"
     if why is None:
         return f"forward kernels: gluon ({ENV}=1; inputs whose strides TMA cannot address run triton)"
     return f"forward kernels: triton ({ENV}=1, but gluon is not eligible: {why})"

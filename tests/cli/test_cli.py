@@ -201,6 +201,28 @@ def test_show_png(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_render_and_which_name_the_gluon_family(tmp_path):
+    """--family gluon prints the Gluon forward (or, per head group, why the Triton kernels run
+    it); which says which forward family runs, with MSA_CODEGEN_GLUON set or not."""
+    from msa_codegen.kernels import gluon
+
+    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,dilation=2;8-15:window=4096,sink=64",
+                 "--family", "gluon"], tmp_path))
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("# Gluon forward") and "head dim 128, bfloat16: eligible" in lines[0]
+    assert "# window=64,dilation=2: no Gluon kernel (dilation=2); the Triton kernels run it" in lines
+    if gluon.api()[0] is not None:
+        assert "# generated from msa_codegen/templates/gluon/fwd.py.jinja" in p.stdout and "def msa_gluon_fwd(" in p.stdout
+    p = run([*CODEGEN, "render", "--pattern", "window=64", "--family", "gluon", "--direction", "bwd"], tmp_path)
+    assert p.returncode != 0 and "forward only" in p.stderr
+    which = ["which", "--pattern", "window=4096", "--seqlen", "4096", "--head-dim", "128", "--dtype", "bf16",
+             "--gpu", "h200"]
+    p = _ok(run([*CODEGEN, *which], tmp_path, MSA_CODEGEN_GLUON="0"))
+    assert "forward kernels: triton (MSA_CODEGEN_GLUON=1 is not set; gluon eligible)" in p.stdout
+    p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
+    assert "forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
+
+
 def test_render_names_the_launch_of_a_head_dim_and_dtype(tmp_path):
     p = _ok(run([*CODEGEN, "render", "--pattern", "window=64,dilation=2", "--direction", "bwd", "--head-dim", "80",
                  "--dtype", "fp16"], tmp_path))
