@@ -13,8 +13,9 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import re
 import os
+import random
+import re
 import subprocess
 import sys
 
@@ -125,6 +126,25 @@ def test_the_rendered_tiling_covers_the_mask_exactly(pattern, lengths):
     """Per 128-row query tile, the key tiles the kernel visits (each once), unmasked only where
     every row sees every key, masked by the rendered predicate elsewhere: their union is the
     pattern's mask, and no key past N is seen."""
+    _check_tiling(pattern, lengths)
+
+
+def test_the_rendered_tiling_of_random_patterns():
+    """As above, for fresh random plain patterns (direction, window or dense, sink) and lengths."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for _ in range(12):
+        terms = [] if rng.random() < 0.7 else ["causal=false"]
+        if rng.random() < 0.85:
+            terms.append(f"window={rng.choice([1, rng.randrange(1, 300), rng.randrange(1, 1500)])}")
+        if rng.random() < 0.5 and (len(terms) > 1 or terms and terms[0] != "causal=false"):
+            terms.append(f"sink={rng.randrange(1, 700)}")
+        pattern = ",".join(terms) or "causal"
+        if gluon.pattern_reason(_plan(pattern)) is None:
+            _check_tiling(pattern, (rng.randrange(1, 1300),), f"seed {seed}")
+
+
+def _check_tiling(pattern, lengths, note=""):
     ns = _tiling(pattern)
     bm = bn = 2 * gluon.BLOCK_MC
     assert bn == gluon.BLOCK_N
@@ -142,11 +162,11 @@ def test_the_rendered_tiling_covers_the_mask_exactly(pattern, lengths):
                 keys = np.arange(kb * bn, kb * bn + bn)
                 vis = ns["_visible"](rows, keys, n)
                 if not masked:
-                    assert vis.all() and keys[-1] < n, (pattern, n, q0, kb)
+                    assert vis.all() and keys[-1] < n, (pattern, n, q0, kb, note)
                 got[q0:q0 + len(rows), kb * bn:kb * bn + bn] |= vis
-            assert len(seen) == len(set(seen)), (pattern, n, q0, seen)
-        assert not got[:, n:].any(), (pattern, n)
-        assert np.array_equal(got[:, :n], want), (pattern, n, np.argwhere(got[:, :n] != want)[:5])
+            assert len(seen) == len(set(seen)), (pattern, n, q0, seen, note)
+        assert not got[:, n:].any(), (pattern, n, note)
+        assert np.array_equal(got[:, :n], want), (pattern, n, np.argwhere(got[:, :n] != want)[:5], note)
 
 
 # ---- CPU: eligibility -------------------------------------------------------------------------
