@@ -179,11 +179,7 @@ def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         return f"N {q.shape[2]} >= {MAX_SEQLEN}"
     if not scale > 0:
         return f"scale {scale} (positive scales only)"
-    why = layout_reason(q, k, v)
-    if why:
-        return why
-    names, why = api()
-    return why
+    return layout_reason(q, k, v) or api()[1]
 
 
 def note(plan, why: str) -> None:

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, chunked_reference, make_inputs, rel_err
+from helpers import FLOOR, chunked_reference, lowp_attention, make_inputs, rel_err
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -398,3 +398,38 @@ def test_gpu_bnhd_layout_and_several_head_groups(monkeypatch):
     assert out.stride() == q.stride()
     ref = msa.reference_attention(q, k, v, pattern)
     assert rel_err(out, ref) < FLOOR[BF], f"seed {seed}"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+def test_gpu_random_patterns_shapes_and_layouts():
+    """Fresh random cases (direction, window or dense, sink, length, head dim, GQA ratio, layout,
+    dtype) against the float64 reference; the seed is in the message."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for _ in range(4):
+        terms = [rng.choice(["causal", "causal=false"])]
+        if rng.random() < 0.8:
+            terms.append(f"window={rng.choice([1, 64, 200, 1000])}")
+            if rng.random() < 0.5:
+                terms.append(f"sink={rng.choice([1, 64, 300])}")
+        pattern = ",".join(terms)
+        n, d = rng.randrange(1, 3000), rng.choice([64, 128])
+        hkv = rng.choice([1, 2])
+        hq = hkv * rng.choice([1, 3, 4])
+        dtype, layout = rng.choice([BF, FP]), rng.choice(["bhnd", "bnhd"])
+        q, k, v, _ = make_inputs(rng.choice([1, 2]), hq, hkv, n, d, dtype, "cuda", layout, seed=rng.randrange(2**31))
+        case = f"{pattern} N={n} D={d} {hq}x{hkv} {str(dtype)[6:]} {layout}, seed {seed}"
+        plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n)
+        assert gluon.why_not(plan, q, k, v, d ** -0.5) is None, case
+        with torch.no_grad():
+            out, lse = gluon.forward(q, k, v, plan, d ** -0.5)
+        assert out.stride() == q.stride(), case
+        with torch.no_grad():
+            ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True)
+            mask = msa.mask(pattern, n, hq, q.device)[None]
+            base = rel_err(lowp_attention(q, k, v, mask, d ** -0.5), ref)
+        err = rel_err(out, ref)
+        assert err <= _bound(dtype, base), f"{case}: out {err:.2e} (torch {base:.2e})"
+        assert (lse.double() - ref_lse).abs().max().item() < 0.05, case
