@@ -15,7 +15,8 @@ is logged once per (plan, reason) (logger ``msa_codegen.kernels.gluon``). ``desc
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
 or without ``sink`` (``pattern_reason``), q/k/v/o rows addressable by TMA (``layout_reason``),
-a positive scale, Nq == Nk, no run-time positions, segments or block indices.
+a positive scale, Nq == Nk, no run-time positions, segments or block indices. Dense patterns
+can run here but are routed to the Triton forward, measured faster (``slower_reason``).
 
 Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
 on any Triton and without a GPU. ``api()`` feature-detects the names the template needs (they
@@ -182,6 +183,18 @@ def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     return layout_reason(q, k, v) or api()[1]
 
 
+def slower_reason(kplans) -> str | None:
+    """Why the Triton forward is the faster of the two for these head groups' plans (None: Gluon
+    measured faster). ``why_not`` says what the family can run; this says where it pays. Dense
+    patterns run slower in the persistent schedule: causal N=16384, B=1, H=16, D=128, bf16 took
+    2.450 ms against the Triton forward's 1.995 (H200, Triton 3.6, 2026-12-03,
+    ``bash benchmarks/run.sh gluon``), where ``window=4096`` took 0.856x its time. The GPU tests
+    still run the dense kernels directly (``forward``)."""
+    if any(kp.dense and not kp.has_window for kp in kplans):
+        return "dense pattern (no window): the Triton forward measured faster (1.23x less time, causal N=16384)"
+    return None
+
+
 def note(plan, why: str) -> None:
     """Log once per (plan, reason) that the Triton kernels run instead of the requested Gluon ones."""
     key = (plan.key, why)
@@ -195,7 +208,7 @@ def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
     """One line for ``msa-codegen which``: the forward family a call of these head groups' plans
     runs on this capability / dtype / head dim, and why not Gluon."""
     why = next((pattern_reason(kp) for kp in groups if pattern_reason(kp)), None)
-    why = why or capability_reason(capability, dtype, head_dim) or api()[1]
+    why = why or slower_reason(groups) or capability_reason(capability, dtype, head_dim) or api()[1]
     if not requested():
         state = "eligible" if why is None else f"not eligible: {why}"
         return f"forward kernels: triton ({ENV}=1 is not set; gluon {state})"

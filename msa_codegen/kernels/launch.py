@@ -87,7 +87,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
     With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon family instead (kernels/gluon.py;
     same outputs, so the backward below is the same); an ineligible one logs why, once."""
     if _gluon.requested() and q_pos is None and block_indices is None:
-        why = _gluon.why_not(plan, q, k, v, scale)
+        why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups])
         if why is None:
             return _gluon.forward(q, k, v, plan, scale)
         _gluon.note(plan, why)

@@ -258,6 +258,23 @@ def test_describe_names_the_family_and_why(monkeypatch):
     assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
 
 
+@pytest.mark.parametrize("pattern,slower", [("causal", True), ("causal=false", True), ("window=4096", False),
+                                            ("causal=false,window=512,sink=64", False)])
+def test_dense_patterns_route_to_the_faster_triton_forward(monkeypatch, pattern, slower):
+    """The family can run dense patterns (the GPU tests run them directly), but the Triton forward
+    measured faster there: the routing and ``which`` send them to it and say why."""
+    plans = [_plan(pattern)]
+    assert gluon.pattern_reason(plans[0]) is None
+    why = gluon.slower_reason(plans)
+    assert (why is not None) == slower
+    monkeypatch.setenv(gluon.ENV, "1")
+    line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
+    if slower:
+        assert line == f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: {why})"
+    else:
+        assert "measured faster" not in line
+
+
 def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
     """MSA_CODEGEN_GLUON=1 on a call the family does not take (here: the interpreter on the CPU,
     or dilation on a GPU): the Triton forward runs, one log line says why."""
