@@ -3,6 +3,7 @@
     msa-codegen demo                       # the README example (reduced, in the interpreter, without a GPU)
     msa-codegen render --pattern window=4096,dilation=2 --direction fwd
     msa-codegen render --pattern window=4096 --family gluon    # the Gluon forward (Hopper, MSA_CODEGEN_GLUON=1)
+    msa-codegen render --pattern window=4096 --family gluon --direction bwd    # its backward (dK/dV, dQ)
     msa-codegen mask --pattern window=3,dilation=2,sink=1 --seqlen 12
     msa-codegen show --pattern window=64,dilation=2,sink=8 --seqlen 1024 --png mask.png
     msa-codegen which --pattern window=4096,dilation=2 --seqlen 131072 --head-dim 128 --dtype bf16
@@ -144,23 +145,27 @@ def cmd_render(args) -> int:
 
 
 def _render_gluon(pat, args) -> int:
-    """The Gluon forward of every head group (kernels/gluon.py), or why a group cannot have one."""
-    if args.direction != "fwd":
-        raise ValueError("--family gluon: the Gluon family has a forward only (--direction fwd)")
+    """The Gluon forward (--direction fwd) or backward (bwd: dK/dV and dQ) of every head group
+    (kernels/gluon.py), or why a group cannot have one."""
+    bwd = args.direction == "bwd"
     why = _gluon_family.capability_reason("9.0", torch_dtype(args.dtype), args.head_dim)
-    print(f"# Gluon forward (kernels/gluon.py), run by attention when {_gluon_family.ENV}=1 on a 9.x GPU; "
-          f"head dim {args.head_dim}, {DTYPES[args.dtype]}: "
-          + ("eligible" if why is None else f"not eligible ({why})")
-          + f"; launched persistent, num_warps=4, maxnreg={_gluon_family.MAXNREG}, "
-            f"STAGES={_gluon_family.RING.get(args.head_dim, '-')}, FOLD=True\n")
+    launch = (f"grids (cdiv(N, 128), B * heads), num_warps=4, maxnreg={_gluon_family.MAXNREG}, "
+              f"STAGES={_gluon_family.BWD_RING.get(args.head_dim, '-')}; after the Triton stats pass msa_bwd_pre"
+              if bwd else f"launched persistent, num_warps=4, maxnreg={_gluon_family.MAXNREG}, "
+              f"STAGES={_gluon_family.RING.get(args.head_dim, '-')}, FOLD=True")
+    print(f"# Gluon {'backward' if bwd else 'forward'} (kernels/gluon.py), run by attention when "
+          f"{_gluon_family.ENV}=1 on a 9.x GPU; head dim {args.head_dim}, {DTYPES[args.dtype]}: "
+          + ("eligible" if why is None else f"not eligible ({why})") + f"; {launch}\n")
     for group in pat.groups:
         if len(pat.groups) > 1:
             print(f"# ---- heads {group.heads} ----")
-        reason = f"msa={group.spec.msa}" if group.spec.msa else _gluon_family.pattern_reason(lower(group.spec))
+        kplan = None if group.spec.msa else lower(group.spec)
+        reason = (f"msa={group.spec.msa}" if kplan is None
+                  else _gluon_family.bwd_pattern_reason(kplan) if bwd else _gluon_family.pattern_reason(kplan))
         if reason:
             print(f"# {group.spec}: no Gluon kernel ({reason}); the Triton kernels run it")
         else:
-            print(_gluon_family.render(lower(group.spec)), end="")
+            print(_gluon_family.render(kplan, args.direction), end="")
     return 0
 
 
@@ -316,7 +321,9 @@ def cmd_which(args) -> int:
         res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
     if not pat.msa_groups:
-        print(_gluon_family.describe([lower(g.spec) for g in pat.groups], cap, torch_dtype(args.dtype), args.head_dim))
+        kplans = [lower(g.spec) for g in pat.groups]
+        print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim))
+        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim))
     note = _defaults_note(res, name, cap, args.db)
     if note:
         print(note)
@@ -487,8 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="default: %(default)s")
     p.add_argument("--seqlen", type=int, default=131072, help="length of the launch shown; default: %(default)s")
     p.add_argument("--family", choices=("triton", "gluon"), default="triton",
-                   help="triton: the kernels every GPU runs; gluon: the Hopper forward that MSA_CODEGEN_GLUON=1 "
-                        "turns on for the plain window terms (default: %(default)s)")
+                   help="triton: the kernels every GPU runs; gluon: the Hopper kernels that MSA_CODEGEN_GLUON=1 "
+                        "turns on for the plain window terms (forward; backward: windows without sink) "
+                        "(default: %(default)s)")
     p.set_defaults(fn=cmd_render)
     p = sub.add_parser("mask", help="draw the element mask in ASCII ('#' = visible)")
     p.add_argument("--pattern", required=True)

@@ -42,6 +42,7 @@ from . import render as _render
 
 ENV = "MSA_CODEGEN_GLUON"
 TEMPLATE = "gluon/fwd.py.jinja"   # a family of its own: not among templates_digest's *.jinja
+TEMPLATE_BWD = "gluon/bwd.py.jinja"
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 BLOCK_MC = 64    # query rows of one consumer warpgroup (a program's tile: 2 x 64)
@@ -54,6 +55,10 @@ RING = {64: 3, 128: 2}
 MAXNREG = 168
 REGS = (24, 240)
 MAX_SEQLEN = 1 << 30   # the band arithmetic (q0 + WINDOW) stays inside int32
+#: backward tiles (the probe's, benchmarks/gluon_probe_bwd.py): dK/dV a program of 2 x 64 keys
+#: streaming 64-query tiles of Q and dO; dQ a program of 2 x 64 rows streaming 128-key tiles
+BWD_BLOCK_M = 64
+BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,608 B (probe); 3 would not fit
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -195,12 +200,47 @@ def slower_reason(kplans) -> str | None:
     return None
 
 
-def note(plan, why: str) -> None:
-    """Log once per (plan, reason) that the Triton kernels run instead of the requested Gluon ones."""
-    key = (plan.key, why)
+def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
+    """Why one head group's plan cannot run the Gluon backward (None: it can): a causal or
+    bidirectional window, nothing else. A sink needs the Triton backward's prefix-key tiles (every
+    query contributes to the sink keys' dK/dV), dense plans have no band to tile."""
+    why = pattern_reason(kplan)
+    if why:
+        return why
+    if kplan.sink:
+        return f"sink={kplan.sink} (the backward's prefix-key tiles are the Triton kernels')"
+    if not kplan.has_window:
+        return "dense pattern (no window): the Gluon backward tiles a window's band"
+    return None
+
+
+def why_not_bwd(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why this call's backward cannot run the Gluon kernels (None: it runs them). A gradient of
+    the returned LSE is fine: msa_bwd_pre folds it into delta. dO of any strides is copied to a
+    layout TMA reads; dq / dk / dv are allocated so."""
+    for grp in plan.groups:
+        why = bwd_pattern_reason(grp.kernel_plan)
+        if why:
+            return f"heads {grp.h0}-{grp.h1 - 1}: {why}" if len(plan.groups) > 1 else why
+    if plan.split_kv_heads:
+        return "a KV head's query heads fall in two head groups (dK/dV partial sums)"
+    why = device_reason(q.device, q.dtype, q.shape[-1])
+    if why:
+        return why
+    if k.shape[2] != q.shape[2]:
+        return f"Nq {q.shape[2]} != Nk {k.shape[2]}"
+    if q.shape[2] >= MAX_SEQLEN:
+        return f"N {q.shape[2]} >= {MAX_SEQLEN}"
+    return layout_reason(q, k, v) or api()[1]
+
+
+def note(plan, why: str, family: str = "forward") -> None:
+    """Log once per (plan, reason, family) that the Triton kernels run instead of the requested
+    Gluon ones; family: forward or backward."""
+    key = (plan.key, why, family)
     if key not in _noted:
         _noted.add(key)
-        log.warning("%s=1: the Triton forward runs for %r (%s): %s", ENV, plan.pattern_text,
+        log.warning("%s=1: the Triton %s runs for %r (%s): %s", ENV, family, plan.pattern_text,
                     str(plan.key[2]).replace("torch.", ""), why)
 
 
@@ -217,35 +257,50 @@ def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
     return f"forward kernels: triton ({ENV}=1, but gluon is not eligible: {why})"
 
 
+def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
+    """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon."""
+    why = next((bwd_pattern_reason(kp) for kp in groups if bwd_pattern_reason(kp)), None)
+    why = why or capability_reason(capability, dtype, head_dim) or api()[1]
+    if not requested():
+        state = "eligible" if why is None else f"not eligible: {why}"
+        return f"backward kernels: triton ({ENV}=1 is not set; gluon {state})"
+    if why is None:
+        return f"backward kernels: gluon ({ENV}=1; inputs whose strides TMA cannot address run triton)"
+    return f"backward kernels: triton ({ENV}=1, but gluon is not eligible: {why})"
+
+
 # ---- rendering and loading ------------------------------------------------------------------
 
-def render(kplan: KernelPlan) -> str:
-    """The Gluon source of one head group's plan (raises ValueError when the plan is not eligible
-    or this Triton's Gluon lacks what the kernel needs)."""
-    why = pattern_reason(kplan)
+def render(kplan: KernelPlan, direction: str = "fwd") -> str:
+    """The Gluon source of one head group's plan, its forward (``fwd``) or backward (``bwd``:
+    dK/dV and dQ); raises ValueError when the plan is not eligible or this Triton's Gluon lacks
+    what the kernel needs."""
+    why = pattern_reason(kplan) if direction == "fwd" else bwd_pattern_reason(kplan)
     if why:
-        raise ValueError(f"the Gluon family does not run this plan: {why}")
+        what = "this plan" if direction == "fwd" else "this plan's backward"
+        raise ValueError(f"the Gluon family does not run {what}: {why}")
     names, why = api()
     if names is None:
         raise ValueError(why)
     meta = {"version": __version__, "triton": triton.__version__}
-    return _render._env().get_template(TEMPLATE).render(plan=kplan, meta=meta, api=names, maxnreg=MAXNREG,
-                                                           regs=REGS)
+    template = TEMPLATE if direction == "fwd" else TEMPLATE_BWD
+    return _render._env().get_template(template).render(plan=kplan, meta=meta, api=names, maxnreg=MAXNREG,
+                                                          regs=REGS)
 
 
-def load(kplan: KernelPlan):
-    """The loaded module of a plan's Gluon kernel, written under ``render.home()/kernels`` (named
-    by a hash of its source) and kept in memory."""
-    key = (kplan, triton.__version__)
+def load(kplan: KernelPlan, direction: str = "fwd"):
+    """The loaded module of a plan's Gluon kernels (``fwd`` or ``bwd``), written under
+    ``render.home()/kernels`` (named by a hash of its source) and kept in memory."""
+    key = (kplan, triton.__version__, direction)
     mod = _modules.get(key)
     if mod is not None:
         return mod
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            body = render(kplan)
+            body = render(kplan, direction)
             digest = hashlib.sha256(body.encode()).hexdigest()
-            path = _render.home() / "kernels" / f"msa_gluon_fwd_{digest[:20]}.py"
+            path = _render.home() / "kernels" / f"msa_gluon_{direction}_{digest[:20]}.py"
             text = f"{_render._DIGEST_PREFIX}{digest}\n{body}"
             if not _render._read_valid(path):
                 _render._write_atomic(path, text)
@@ -313,6 +368,72 @@ def forward(q, k, v, plan, scale: float):
     return o, lse
 
 
+def _dense_like(x: torch.Tensor) -> torch.Tensor:
+    """An output of x's shape and dtype in x's layout when TMA addresses it (empty_like keeps a
+    dense tensor's strides, as the Triton backward returns them), else contiguous."""
+    y = torch.empty_like(x)
+    return y if layout_reason(y) is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def backward(do, q, k, v, o, lse, dlse, plan, scale: float):
+    """(dq, dk, dv) of one call by the Gluon kernels; the caller has checked
+    ``why_not_bwd(plan, q, k, v) is None``. Per head group: the Triton stats pass (``msa_bwd_pre``
+    of the group's Triton module, launched as ``launch.backward`` launches it: delta, LSE2 in log2
+    units, rows padded to 16 bytes), then the dK/dV kernel (a program per 128 keys of a KV head,
+    its GROUP query heads summed inside: no atomics, deterministic) and the dQ kernel."""
+    b, hq, n, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
+    if q.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if layout_reason(do):   # e.g. the stride-0 gradient of a sum
+        do = do.contiguous()
+    lse = lse.contiguous()   # msa_bwd_pre reads it in dlse's layout
+    n_pad = -(-n // 4) * 4
+    stats = torch.empty((2, b, hq, n_pad), dtype=torch.float32, device=q.device)
+    delta, lse2 = stats[0, :, :, :n], stats[1, :, :, :n]
+    if dlse is not None:
+        # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
+        dlse = dlse.to(torch.float32).contiguous()
+    views = {name: _rows_view(x) for name, x in (("q", q), ("k", k), ("v", v), ("do", do), ("dq", dq), ("dk", dk),
+                                                ("dv", dv))}
+    rows = {name: view[0] for name, view in views.items()}
+    # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV)
+    qd, dod, dqd = (_descriptor(x, *views[name][1:], [BWD_BLOCK_M, d]) for name, x in (("q", q), ("do", do),
+                                                                                      ("dq", dq)))
+    kd, vd = (_descriptor(x, *views[name][1:], [BLOCK_N, d]) for name, x in (("k", k), ("v", v)))
+    kd2, vd2, dkd, dvd = (_descriptor(x, *views[name][1:], [BLOCK_N // 2, d])
+                          for name, x in (("k", k), ("v", v), ("dk", dk), ("dv", dv)))
+    qk_scale = scale * 1.4426950408889634
+    n_tiles = -(-n // BLOCK_N)
+    for grp in plan.groups:
+        h0, h1 = grp.h0, grp.h1
+        hs = h1 - h0
+        grp.kernels("bwd").msa_bwd_pre[(-(-n // 64), b * hs)](
+            o, do, dlse if dlse is not None else lse, lse, delta, lse2,
+            *o.stride(), *do.stride(), lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
+            h0, hs, n,
+            HEAD_DIM=d, BLOCK_D=plan.block_d, BLOCK_M=64, HAS_DLSE=dlse is not None, enable_fp_fusion=True,
+        )
+        mod = load(grp.kernel_plan, "bwd")
+        hk0 = h0 // group
+        hks = (h1 - 1) // group + 1 - hk0
+        mod.msa_gluon_bwd_dkdv[(n_tiles, b * hks)](
+            qd, kd2, vd2, dod, dkd, dvd, dk, dv, lse2, delta,
+            *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dk.stride(2), *rows["dv"], dv.stride(2),
+            delta.stride(0), delta.stride(1), hk0, hks, group, n, qk_scale, scale,
+            STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
+        )
+        mod.msa_gluon_bwd_dq[(n_tiles, b * hs)](
+            qd, kd, vd, dod, dqd, dq, lse2, delta,
+            *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dq.stride(2),
+            delta.stride(0), delta.stride(1), h0, hs, group, n, qk_scale, scale,
+            STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
+        )
+    return dq, dk, dv
+
+
 # ---- ahead-of-time compile (no GPU needed) --------------------------------------------------
 
 def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
@@ -337,3 +458,30 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
     cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}
     return triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=4, maxnreg=MAXNREG))
+
+
+def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
+    """``aot_compile`` for the backward: {"dkdv": CompiledKernel, "dq": CompiledKernel}."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    mod = load(kplan, "bwd")
+    gdt, short = (gl.bfloat16, "bf16") if dtype == torch.bfloat16 else (gl.float16, "fp16")
+
+    def desc(rows):
+        block = [rows, head_dim]
+        return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
+
+    out = {}
+    kv_rows = dict(dkdv=BLOCK_N // 2, dq=BLOCK_N)
+    for name, kern in (("dkdv", mod.msa_gluon_bwd_dkdv), ("dq", mod.msa_gluon_bwd_dq)):
+        sig = dict(q_desc=desc(BWD_BLOCK_M), do_desc=desc(BWD_BLOCK_M), dq_desc=desc(BWD_BLOCK_M),
+                   k_desc=desc(kv_rows[name]), v_desc=desc(kv_rows[name]), dk_desc=desc(BLOCK_N // 2),
+                   dv_desc=desc(BLOCK_N // 2), DQ=f"*{short}", DK=f"*{short}", DV=f"*{short}", LSE2="*fp32",
+                   DELTA="*fp32", qk_scale="fp32", sm_scale="fp32")
+        sig = {a: ("constexpr" if a == "STAGES" else sig.get(a, "i32")) for a in kern.arg_names}
+        cs = {(kern.arg_names.index("STAGES"),): BWD_RING[head_dim]}
+        out[name] = triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs),
+                                   target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=MAXNREG))
+    return out

@@ -136,7 +136,14 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
 def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos=None,
              k_pos=None, q_seg=None, k_seg=None, block_indices=None):
     """(dq, dk, dv) of one call: per head group the stats pass (msa_bwd_pre), the dk/dv and the dq
-    kernels (and the prefix-key tiles), with ``cfg``'s backward parameters; deterministic."""
+    kernels (and the prefix-key tiles), with ``cfg``'s backward parameters; deterministic.
+    With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon backward instead (kernels/gluon.py:
+    the same stats pass, then its dK/dV and dQ kernels); an ineligible one logs why, once."""
+    if _gluon.requested() and q_pos is None and block_indices is None:
+        why = _gluon.why_not_bwd(plan, q, k, v)
+        if why is None:
+            return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale)
+        _gluon.note(plan, why, "backward")
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv

@@ -213,14 +213,22 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     assert "# window=64,dilation=2: no Gluon kernel (dilation=2); the Triton kernels run it" in lines
     if gluon.api()[0] is not None:
         assert "# generated from msa_codegen/templates/gluon/fwd.py.jinja" in p.stdout and "def msa_gluon_fwd(" in p.stdout
-    p = run([*CODEGEN, "render", "--pattern", "window=64", "--family", "gluon", "--direction", "bwd"], tmp_path)
-    assert p.returncode != 0 and "forward only" in p.stderr
+    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,sink=8;8-15:causal=false,window=64", "--family",
+                 "gluon", "--direction", "bwd"], tmp_path))
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("# Gluon backward") and "eligible" in lines[0]
+    assert any(line.startswith("# window=64,sink=8: no Gluon kernel (sink=8") for line in lines)
+    if gluon.api()[0] is not None:
+        assert "# generated from msa_codegen/templates/gluon/bwd.py.jinja" in p.stdout
+        assert "def msa_gluon_bwd_dkdv(" in p.stdout and "def msa_gluon_bwd_dq(" in p.stdout
     which = ["which", "--pattern", "window=4096", "--seqlen", "4096", "--head-dim", "128", "--dtype", "bf16",
              "--gpu", "h200"]
     p = _ok(run([*CODEGEN, *which], tmp_path, MSA_CODEGEN_GLUON="0"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=1 is not set; gluon eligible)" in p.stdout
+    assert "backward kernels: triton (MSA_CODEGEN_GLUON=1 is not set; gluon eligible)" in p.stdout
     p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
+    assert "backward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
 
 
 def test_render_names_the_launch_of_a_head_dim_and_dtype(tmp_path):
