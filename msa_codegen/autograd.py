@@ -65,14 +65,19 @@ def _(do, q, k, v, o, lse, dlse, pattern, scale, config, q_pos=None, k_pos=None,
 
 
 def _save(ctx, q, k, v, o, lse, run_time: list) -> None:
-    """What both routes' backward needs: the inputs, the output and LSE, the run-time tensors."""
-    ctx.save_for_backward(q, k, v, o, lse, *(t if t is not None else torch.empty(0) for t in run_time))
-    ctx.has_run_time = [t is not None for t in run_time]
+    """What both routes' backward needs: the inputs, the output and LSE, the run-time tensors
+    that were given (a plain call saves five tensors: no placeholder is allocated per call)."""
+    given = [t for t in run_time if t is not None]
+    ctx.save_for_backward(q, k, v, o, lse, *given)
+    ctx.has_run_time = [t is not None for t in run_time] if given else None
 
 
 def _saved(ctx):
-    q, k, v, o, lse, *run_time = ctx.saved_tensors
-    return q, k, v, o, lse, [t if has else None for t, has in zip(run_time, ctx.has_run_time)]
+    q, k, v, o, lse, *given = ctx.saved_tensors
+    if ctx.has_run_time is None:
+        return q, k, v, o, lse, [None] * 5
+    it = iter(given)
+    return q, k, v, o, lse, [next(it) if has else None for has in ctx.has_run_time]
 
 
 def _setup_context(ctx, inputs, output):

@@ -149,6 +149,12 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
     # (64, 64, 8, 2), 8.36 for (128, 32, 8, 2); window=1024 2.56 against 5.77; causal 8.47 against
     # 20.09; window=1024 N=32768 B=2 2.67 against 6.06. GPUs with 99 KiB per block keep the
     # spill-free 64 x 32.
+    # dq: a window's dq reads the dS tiles of the dk/dv kernel in that kernel's tiles
+    # (schedule.ds_heads), so its own tiles run only where that path does not (dense patterns,
+    # run-time positions, scratch too small). There, on Hopper, 128 x 64 on one stage: dense
+    # causal N=8192 B=8 H=16/8 D=256 backward 51.42 ms against 143.94 for (128, 32, 8, 2) (the
+    # tuner's row, H200, 2026-12-02); Triton 3.6's sm_90 SASS of that dq loop: 55-58 spill
+    # instructions against 254.
     if hopper_sized(device, capability):
-        return LaunchConfig(FwdConfig(128, 64, 8, 2), BwdConfig(32, 64, 8, 2, 128, 32, 8, 2))
+        return LaunchConfig(FwdConfig(128, 64, 8, 2), BwdConfig(32, 64, 8, 2, 128, 64, 8, 1))
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(32, 64, 8, 2, 128, 32, 8, 2))

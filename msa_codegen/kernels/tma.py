@@ -87,6 +87,10 @@ def device_has_tma(device_index: int) -> bool:
 def layout_ok(t: torch.Tensor) -> bool:
     """TMA's needs: unit stride along D, a 16-byte aligned base and 16-byte multiples as strides."""
     es = t.element_size()
+    if t.shape[-1] * es % 16 == 0 and t.is_contiguous():
+        # the common case, on every launch: a contiguous tensor's strides are multiples of its
+        # last dim, so that one row being 16-byte sized is enough
+        return t.data_ptr() % 16 == 0
     # (a broadcast gradient has stride 0 along N: no descriptor for that)
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
             and all(st > 0 and st * es % 16 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
@@ -135,8 +139,16 @@ def _descriptor_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cpu" if interpreting() else "cuda")
 
 
+_allocator_seen = False
+
+
 def _ensure_allocator() -> None:
-    """Give Triton an allocator for the descriptors' scratch unless the caller already set one."""
+    """Give Triton an allocator for the descriptors' scratch unless the caller already set one
+    (looked at once per process: a later allocator of the caller's replaces ours, as it should)."""
+    global _allocator_seen
+    if _allocator_seen:
+        return
+    _allocator_seen = True
     try:
         from triton.runtime._allocation import NullAllocator, _allocator
         unset = isinstance(_allocator.get(), NullAllocator)
