@@ -1,0 +1,310 @@
+"""The Gluon backward family (kernels/gluon.py, templates/gluon/bwd.py.jinja; issue 22).
+
+CPU: rendering is deterministic, specialised by the plan and kept out of the Triton kernels'
+hash; the eligibility rules (windows without sink only, no split KV heads); the rendered tiling
+of both kernels run as Python over NumPy against the pattern's mask; the routing in
+``launch.backward`` (an ineligible call runs the Triton backward and logs why once); an
+ahead-of-time compile for sm_90. ``gpu``: dq / dk / dv against the float64 reference on an
+H100/H200, and through ``msa_codegen.attention(...).backward()`` with MSA_CODEGEN_GLUON=1
+(spied: the Gluon backward ran).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import random
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import msa_codegen as msa
+from helpers import FLOOR, chunked_reference, make_inputs, rel_err
+from msa_codegen.kernels import gluon, render as codegen
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+from msa_codegen.plan import plan_for
+
+NAMES, WHY_NO_API = gluon.api()
+needs_api = pytest.mark.skipif(NAMES is None, reason=f"no Gluon for Hopper here: {WHY_NO_API}")
+
+
+def _plan(pattern: str):
+    return lower(parse(pattern).groups[0].spec)
+
+
+ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1"]
+NOT_ELIGIBLE = [("window=512,sink=64", "sink=64"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
+                ("window=512,dilation=2", "dilation=2"), ("window=64,topk=2", "topk=2"),
+                ("causal=false,global=16", "global=16")]
+
+
+# ---- CPU: rendering and eligibility ------------------------------------------------------------
+
+@needs_api
+def test_render_is_deterministic_python_and_specialised_by_the_plan():
+    sources = {p: gluon.render(_plan(p), "bwd") for p in ELIGIBLE}
+    assert all(gluon.render(_plan(p), "bwd") == s for p, s in sources.items())
+    assert len(set(sources.values())) == len(ELIGIBLE)
+    for p, src in sources.items():
+        ast.parse(src)
+        assert src.startswith("# generated from msa_codegen/templates/gluon/bwd.py.jinja"), p
+        assert "def msa_gluon_bwd_dkdv(" in src and "def msa_gluon_bwd_dq(" in src
+        assert f"tma.{NAMES['tma_load']}(" in src and f"tma.{NAMES['tma_store']}(" in src
+        assert "atomic_" not in src   # dK/dV of a KV head: its query heads summed inside the program
+    assert "WINDOW = gl.constexpr(4096)" in sources["window=4096"]
+    assert gluon.render(_plan("window=64"), "bwd") != gluon.render(_plan("window=64"))
+
+
+def test_the_backward_template_stays_out_of_the_triton_kernels_hash():
+    assert (codegen.TEMPLATE_DIR / gluon.TEMPLATE_BWD).is_file()
+    assert gluon.TEMPLATE_BWD.startswith("gluon/")   # templates_digest reads TEMPLATE_DIR/*.jinja only
+    assert "bwd.py.jinja" not in {p.name for p in codegen.TEMPLATE_DIR.glob("gluon*.jinja")}
+
+
+@pytest.mark.parametrize("pattern", ELIGIBLE)
+def test_windows_without_sink_are_eligible(pattern):
+    assert gluon.bwd_pattern_reason(_plan(pattern)) is None
+
+
+@pytest.mark.parametrize("pattern,why", NOT_ELIGIBLE, ids=[p for p, _ in NOT_ELIGIBLE])
+def test_render_refuses_a_plan_the_backward_does_not_run(pattern, why):
+    assert why in gluon.bwd_pattern_reason(_plan(pattern))
+    with pytest.raises(ValueError, match=re.escape(why)):
+        gluon.render(_plan(pattern), "bwd")
+
+
+def test_why_not_bwd_names_the_reason():
+    q, k, v, _ = make_inputs(1, 4, 2, 64, 64, torch.float32, "cpu")
+    plan = plan_for("window=16", q.device, q.dtype, 64, 4, 2, 64)
+    assert "not a CUDA GPU" in gluon.why_not_bwd(plan, q, k, v)
+    plan = plan_for("0-1:window=16;2-3:window=8,sink=4", q.device, q.dtype, 64, 4, 2, 64)
+    assert gluon.why_not_bwd(plan, q, k, v).startswith("heads 2-3: sink=4")
+    # query heads 0-2 and 3 of KV heads 0-1 (group 2): KV head 1 spans both groups
+    plan = plan_for("0-2:window=16;3-3:window=8", q.device, q.dtype, 64, 4, 2, 64)
+    assert "two head groups" in gluon.why_not_bwd(plan, q, k, v)
+
+
+def test_describe_bwd_names_the_family_and_why(monkeypatch):
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    line = gluon.describe_bwd([_plan("window=4096")], "9.0", torch.bfloat16, 128)
+    assert line.startswith("backward kernels: triton") and gluon.ENV in line
+    monkeypatch.setenv(gluon.ENV, "1")
+    line = gluon.describe_bwd([_plan("window=4096")], "9.0", torch.bfloat16, 128)
+    assert line.startswith("backward kernels: gluon" if NAMES else "backward kernels: triton"), line
+    line = gluon.describe_bwd([_plan("window=64,sink=4")], "9.0", torch.bfloat16, 128)
+    assert line.startswith(f"backward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: sink=4")
+
+
+def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
+    """MSA_CODEGEN_GLUON=1 on a call the Gluon backward does not take (the interpreter on the
+    CPU, or a sink on a GPU): the Triton backward runs, one log line says why."""
+    monkeypatch.setenv(gluon.ENV, "1")
+    ran = []
+    monkeypatch.setattr(gluon, "backward", lambda *a, **kw: ran.append(1))
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    pattern = "window=16,sink=4"
+    q, k, v, _ = make_inputs(1, 2, 1, 70, 64, dtype, device)
+    with caplog.at_level(logging.WARNING, logger=gluon.__name__):
+        for _ in range(2):
+            dq, = torch.autograd.grad(msa.attention(q, k, v, pattern).sum(), (q,))
+    assert not ran
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    dq_ref, = torch.autograd.grad(msa.reference_attention(q64, k64, v64, pattern).sum(), (q64,))
+    assert rel_err(dq, dq_ref) < FLOOR[dtype]
+    lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__ and "backward" in r.getMessage()]
+    assert len(lines) == 1 and "Triton backward runs" in lines[0], lines
+    assert "sink=4" in lines[0]   # the pattern is checked first, on any device
+
+
+# ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
+
+class _Gl:
+    """The few Gluon scalar/array builtins the tiling helpers use, on NumPy."""
+    constexpr = staticmethod(lambda x: x)
+    maximum, minimum, where, expand_dims = np.maximum, np.minimum, np.where, np.expand_dims
+    cdiv = staticmethod(lambda a, b: -(-a // b))
+
+
+def _tiling(pattern: str) -> dict:
+    """The rendered backward's tile helpers executed as Python over NumPy."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    tree = ast.parse(gluon.render(_plan(pattern), "bwd"))
+    helpers = ("_dkdv_bounds", "_key_rows", "_dq_bounds", "_query_keys", "_in_bounds")
+    keep = [n for n in tree.body
+            if (isinstance(n, ast.FunctionDef) and n.name in helpers)
+            or (isinstance(n, ast.Assign) and n.targets[0].id == "WINDOW")]
+    ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon bwd tiling>", "exec"), ns)
+    return ns
+
+
+def _check_tiling(pattern, n, note=""):
+    """dK/dV: per 128-key tile, the 64-query tiles visited (each once), unmasked only where every
+    pair is visible and inside N; dQ: per 128-row tile, the 128-key tiles likewise. Each union is
+    the pattern's mask (keys of the stored rows), nothing past N."""
+    ns = _tiling(pattern)
+    bm, bn = gluon.BWD_BLOCK_M, gluon.BLOCK_N
+    want = msa.mask(pattern, n)[0].numpy()
+    got = np.zeros((n + bn, n + bn), dtype=bool)   # [query, key]
+    for k0 in range(0, n, bn):
+        qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, n, bm, bn))
+        keys = np.arange(k0, k0 + bn)
+        lo, hi = ns["_key_rows"](keys, n)
+        for qb in range(qb_lo, qb_hi):
+            queries = np.arange(qb * bm, qb * bm + bm)
+            vis = ns["_in_bounds"](lo, hi, queries)    # [keys, queries]
+            if full_lo <= qb < full_hi:
+                assert vis.all() and queries[-1] < n, (pattern, n, k0, qb, note)
+            assert not vis[:, queries >= n].any(), (pattern, n, k0, qb, note)
+            got[qb * bm:qb * bm + bm, k0:k0 + bn] |= vis.T
+    assert np.array_equal(got[:n, :n], want), (pattern, n, "dkdv", np.argwhere(got[:n, :n] != want)[:5], note)
+    got[:] = False
+    for q0 in range(0, n, 2 * bm):
+        kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_dq_bounds"](q0, n, 2 * bm, bn))
+        rows = np.arange(q0, min(q0 + 2 * bm, n))
+        lo, hi = ns["_query_keys"](rows, n)
+        for kb in range(kb_lo, kb_hi):
+            keys = np.arange(kb * bn, kb * bn + bn)
+            vis = ns["_in_bounds"](lo, hi, keys)       # [rows, keys]
+            if full_lo <= kb < full_hi:
+                assert vis.all() and keys[-1] < n, (pattern, n, q0, kb, note)
+            got[q0:q0 + len(rows), kb * bn:kb * bn + bn] |= vis
+    assert not got[:, n:].any(), (pattern, n, note)
+    assert np.array_equal(got[:n, :n], want), (pattern, n, "dq", np.argwhere(got[:n, :n] != want)[:5], note)
+
+
+TILING = [("window=1", (1, 127, 128, 129, 300)), ("window=100", (1, 129, 700)), ("window=128", (256, 300)),
+          ("window=300", (129, 1000)), ("window=64", (63, 64, 65, 200)), ("causal=false,window=1", (129, 300)),
+          ("causal=false,window=200", (1, 129, 1000)), ("causal=false,window=64", (65, 191, 500)),
+          ("window=5000", (1000,)), ("causal=false,window=5000", (1000,))]
+
+
+@pytest.mark.parametrize("pattern,lengths", TILING, ids=[p for p, _ in TILING])
+def test_the_rendered_backward_tiling_covers_the_mask_exactly(pattern, lengths):
+    for n in lengths:
+        _check_tiling(pattern, n)
+
+
+def test_the_rendered_backward_tiling_of_random_windows():
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for _ in range(10):
+        pattern = ("causal=false," if rng.random() < 0.4 else "") + f"window={rng.randrange(1, 1500)}"
+        _check_tiling(pattern, rng.randrange(1, 1300), f"seed {seed}")
+
+
+_AOT = """
+import json, sys, torch
+from msa_codegen.kernels import gluon
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+out = []
+for pattern, dtype, d in json.loads(sys.argv[1]):
+    ks = gluon.aot_compile_bwd(lower(parse(pattern).groups[0].spec), getattr(torch, dtype), d)
+    out.append({name: dict(shared=k.metadata.shared, cubin=len(k.asm["cubin"])) for name, k in ks.items()})
+print(json.dumps(out))
+"""
+
+
+@needs_api
+def test_ahead_of_time_compile_for_sm90(tmp_path):
+    """Both backward kernels compile for sm_90 without a GPU, within its shared memory."""
+    pytest.importorskip("triton.backends.nvidia")
+    cases = [("window=256", "bfloat16", 128), ("causal=false,window=64", "float16", 64)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    p = subprocess.run([sys.executable, "-c", _AOT, json.dumps(cases)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    for (_, _, d), row in zip(cases, rows):
+        ring = gluon.BWD_RING[d]
+        # dK/dV: K, V (128 keys) and the Q / dO ring of 64-row tiles; dQ: Q, dO (128 rows), K/V ring
+        assert (2 * 128 + 2 * ring * 64) * d * 2 <= row["dkdv"]["shared"] <= 232448, row
+        assert (2 * 128 + 2 * ring * 128) * d * 2 <= row["dq"]["shared"] <= 232448, row
+        assert row["dkdv"]["cubin"] > 0 and row["dq"]["cubin"] > 0
+
+
+# ---- GPU: against the float64 reference ---------------------------------------------------------
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon family runs on compute capability 9.x only")
+
+BF, FP = torch.bfloat16, torch.float16
+# N not a multiple of 128 (1000, 4133) and a multiple (8192); D 64 / 128; GQA 4/1 and 16/16;
+# bf16 / fp16; one compile per (pattern, D, dtype)
+GPU_CASES = [("window=256", 1000, 128, 4, 1, BF), ("window=256", 4133, 64, 16, 16, FP),
+             ("window=4096", 8192, 128, 16, 16, BF), ("window=4096", 4133, 128, 4, 1, BF),
+             ("causal=false,window=300", 1000, 128, 4, 1, BF), ("causal=false,window=300", 4133, 64, 16, 16, FP),
+             ("causal=false,window=300", 8192, 128, 16, 16, BF), ("window=1", 1000, 64, 4, 1, FP)]
+
+
+def _ids(cases):
+    return [f"{c[0]}-N{c[1]}-D{c[2]}-{c[3]}x{c[4]}-{str(c[5])[6:]}" for c in cases]
+
+
+def _bound(dtype, base):
+    return max(FLOOR[dtype], 2 * base)
+
+
+def _check_grads(got, ref, low, dtype, what):
+    for name, g, i in zip(("dq", "dk", "dv"), got, (2, 3, 4)):
+        err, base = rel_err(g, ref[i]), rel_err(low[i], ref[i])
+        assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), {what}"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+@pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", GPU_CASES, ids=_ids(GPU_CASES))
+def test_gpu_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
+    q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
+    scale = d ** -0.5
+    plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n)
+    assert gluon.why_not_bwd(plan, q, k, v) is None
+    do = torch.randn_like(q)
+    with torch.no_grad():
+        o, lse = gluon.forward(q, k, v, plan, scale)
+        dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, scale)
+    torch.cuda.synchronize()
+    assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), k.stride(), v.stride())
+    assert (dq.dtype, dk.dtype, dv.dtype) == (dtype,) * 3
+    ref = chunked_reference(q, k, v, pattern, do)
+    low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
+    _check_grads((dq, dk, dv), ref, low, dtype, f"seed {seed}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+def test_gpu_attention_backward_runs_gluon_with_the_variable(monkeypatch):
+    """msa_codegen.attention(...).backward() with MSA_CODEGEN_GLUON=1 on (B, N, H, D) inputs
+    (transposed views), B=2, GQA 4/1: the Gluon backward runs (spied) and gives the reference
+    gradients, for a random dO and for the stride-0 dO of a sum."""
+    monkeypatch.setenv(gluon.ENV, "1")
+    calls = []
+    real = gluon.backward
+    monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    pattern, dtype = "causal=false,window=200", BF
+    q, k, v, seed = make_inputs(2, 4, 1, 1500, 128, dtype, "cuda", layout="bnhd")
+    out = msa.attention(q, k, v, pattern)
+    do = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    assert calls == [1], "the Gluon backward did not run"
+    assert [g.stride() for g in got] == [x.stride() for x in (q, k, v)]
+    ref = chunked_reference(q, k, v, pattern, do)
+    low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
+    _check_grads(got, ref, low, dtype, f"random dO, seed {seed}")
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    assert calls == [1, 1]
+    ones = torch.ones_like(out)
+    ref = chunked_reference(q, k, v, pattern, ones)
+    low = chunked_reference(q, k, v, pattern, ones, compute_dtype=dtype)
+    _check_grads(got, ref, low, dtype, f"dO of a sum, seed {seed}")
