@@ -1,12 +1,15 @@
-"""The Gluon forward family against the Triton one, in one process (issue 22).
+"""The Gluon family against the Triton one, in one process (issue 22).
 
-    PYTHONPATH=$PWD python benchmarks/gluon_bench.py [--cases w4096,w4096-s64,dense-causal] [--out FILE]
+    PYTHONPATH=$PWD python benchmarks/gluon_bench.py [--cases w4096,bidir-w512,w4096-s64] [--out FILE]
 
 Per case of ``msa_codegen.bench.CASES`` (bf16, B=1, H=16, D=128; N=131072, dense causal 16k):
 ``msa_codegen.attention`` timed forward and forward + backward with MSA_CODEGEN_GLUON unset and
 set (the variable is read on every call, so both run in this process, interleaved: triton,
 gluon, triton, gluon), after checking that the Gluon call really ran the Gluon kernel and that
-its o and LSE agree with the Triton forward's. Effective forward TFLOP/s = 4 D H pairs / time
+its o and LSE agree with the Triton forward's, and likewise for the backward: with the variable
+set, forward + backward runs the Gluon backward where ``why_not_bwd`` allows (windows without
+sink; column "gluon bwd ran"), its dq / dk / dv checked against the Triton backward's first.
+"bwd" columns are fwd+bwd minus fwd. Effective forward TFLOP/s = 4 D H pairs / time
 (``msa_codegen.bench._flops``: visible pairs only). One JSON line per case as soon as it is done
 (and appended to --out), so that a run cut short still reports what finished; the table last.
 """
@@ -49,21 +52,34 @@ def run_case(case) -> dict:
     if why:
         row["error"] = f"not eligible: {why}"
         return row
-    # correctness first: the Gluon call ran the Gluon kernel, and agrees with the Triton one
-    calls = []
-    real = gluon.forward
-    gluon.forward = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    # correctness first: the Gluon calls ran the Gluon kernels, and agree with the Triton ones
+    calls = {"fwd": [], "bwd": []}
+    real_fwd, real_bwd = gluon.forward, gluon.backward
+    gluon.forward = lambda *a, **kw: calls["fwd"].append(1) or real_fwd(*a, **kw)
+    gluon.backward = lambda *a, **kw: calls["bwd"].append(1) or real_bwd(*a, **kw)
+    do = torch.randn_like(q)
     try:
         with torch.no_grad():
             o_t, lse_t = _with(False, lambda: msa.attention(q, k, v, case.pattern, return_lse=True))()
             o_g, lse_g = _with(True, lambda: msa.attention(q, k, v, case.pattern, return_lse=True))()
+        torch.cuda.synchronize()
+        row["gluon_ran"] = calls["fwd"] == [1]
+        row["rel_o"] = _rel(o_g, o_t)
+        row["max_lse_diff"] = (lse_g - lse_t).abs().max().item()
+        del o_t, lse_t, o_g, lse_g
+        grads = {}
+        for fam, flag in (("triton", False), ("gluon", True)):
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            grads[fam] = _with(flag, lambda: torch.autograd.grad(msa.attention(qg, kg, vg, case.pattern), (qg, kg, vg),
+                                                                 do))()
+        torch.cuda.synchronize()
     finally:
-        gluon.forward = real
-    torch.cuda.synchronize()
-    row["gluon_ran"] = calls == [1]
-    row["rel_o"] = _rel(o_g, o_t)
-    row["max_lse_diff"] = (lse_g - lse_t).abs().max().item()
-    del o_t, lse_t, o_g, lse_g
+        gluon.forward, gluon.backward = real_fwd, real_bwd
+    row["gluon_bwd_ran"] = calls["bwd"] == [1]
+    row["why_not_bwd"] = gluon.why_not_bwd(plan, q, k, v)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        row[f"rel_{name}"] = _rel(grads["gluon"][i], grads["triton"][i])
+    del grads
     flops = _flops(case)
 
     def fwd():
@@ -71,7 +87,6 @@ def run_case(case) -> dict:
             msa.attention(q, k, v, case.pattern)
 
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    do = torch.randn_like(q)
 
     def fwd_bwd():
         out = msa.attention(qg, kg, vg, case.pattern)
@@ -85,30 +100,37 @@ def run_case(case) -> dict:
         for fam in times:
             row[f"{name}_{fam}_ms"] = min(times[fam])
         row[f"{name}_ratio"] = row[f"{name}_gluon_ms"] / row[f"{name}_triton_ms"]
+    for fam in ("triton", "gluon"):
+        row[f"bwd_{fam}_ms"] = row[f"fwd_bwd_{fam}_ms"] - row[f"fwd_{fam}_ms"]
+    row["bwd_ratio"] = row["bwd_gluon_ms"] / row["bwd_triton_ms"]
     row["fwd_triton_tflops"] = flops / row["fwd_triton_ms"] * 1e-9
     row["fwd_gluon_tflops"] = flops / row["fwd_gluon_ms"] * 1e-9
     return row
 
 
 def table(rows) -> str:
-    lines = ["| case | gluon ran | rel o / max LSE diff vs triton | fwd triton ms (TF/s) | fwd gluon ms (TF/s) | "
-             "gluon/triton fwd | fwd+bwd triton ms | fwd+bwd gluon ms | gluon/triton fwd+bwd |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| case | gluon fwd ran | gluon bwd ran | rel o / max LSE diff vs triton | rel dq / dk / dv vs triton | "
+             "fwd triton ms (TF/s) | fwd gluon ms (TF/s) | gluon/triton fwd | bwd triton ms | bwd gluon ms | "
+             "gluon/triton bwd | fwd+bwd triton ms | fwd+bwd gluon ms | gluon/triton fwd+bwd |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | {r['error'][:200]} |")
             continue
+        bwd_ran = "yes" if r.get("gluon_bwd_ran") else f"no ({r.get('why_not_bwd') or '?'})"
         lines.append(
-            f"| {r['case']} (N={r['n']}) | {r['gluon_ran']} | {r['rel_o']:.1e} / {r['max_lse_diff']:.1e} | "
+            f"| {r['case']} (N={r['n']}) | {r['gluon_ran']} | {bwd_ran} | {r['rel_o']:.1e} / {r['max_lse_diff']:.1e} | "
+            f"{r['rel_dq']:.1e} / {r['rel_dk']:.1e} / {r['rel_dv']:.1e} | "
             f"{r['fwd_triton_ms']:.3f} ({r['fwd_triton_tflops']:.0f}) | {r['fwd_gluon_ms']:.3f} "
-            f"({r['fwd_gluon_tflops']:.0f}) | {r['fwd_ratio']:.3f} | {r['fwd_bwd_triton_ms']:.3f} | "
-            f"{r['fwd_bwd_gluon_ms']:.3f} | {r['fwd_bwd_ratio']:.3f} |")
+            f"({r['fwd_gluon_tflops']:.0f}) | {r['fwd_ratio']:.3f} | {r['bwd_triton_ms']:.2f} | {r['bwd_gluon_ms']:.2f} | "
+            f"{r['bwd_ratio']:.3f} | {r['fwd_bwd_triton_ms']:.2f} | {r['fwd_bwd_gluon_ms']:.2f} | "
+            f"{r['fwd_bwd_ratio']:.3f} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="w4096,w4096-s64,dense-causal", help="default: %(default)s")
+    ap.add_argument("--cases", default="w4096,bidir-w512,w4096-s64", help="default: %(default)s")
     ap.add_argument("--out", default=None, help="append one JSON line per case to this file")
     ap.add_argument("--table", default=None, help="print the table of a --out file and exit")
     args = ap.parse_args(argv)
