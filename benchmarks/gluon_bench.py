@@ -16,6 +16,7 @@ sink; column "gluon bwd ran"), its dq / dk / dv checked against the Triton backw
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -133,7 +134,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="w4096,bidir-w512,w4096-s64", help="default: %(default)s")
     ap.add_argument("--out", default=None, help="append one JSON line per case to this file")
     ap.add_argument("--table", default=None, help="print the table of a --out file and exit")
+    ap.add_argument("--watchdog", type=float, default=0,
+                    help="after this many seconds print every thread's traceback (a hung kernel shows where); "
+                         "0: off (default)")
     args = ap.parse_args(argv)
+    if args.watchdog > 0:
+        faulthandler.dump_traceback_later(args.watchdog, exit=False)
     if args.table:
         with open(args.table) as f:
             print(table([json.loads(line) for line in f if line.strip()]))

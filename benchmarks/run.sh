@@ -28,10 +28,11 @@
 #              fault or hang)
 #   sweep      benchmarks/sweep.py: launch configurations of one case, forward and backward;
 #              ARGS e.g. --pattern window=4096 --heads 32 --head-dim 64 --fwd-only
-#   gluon      the Gluon forward family (kernels/gluon.py, issue 22), under 4 minutes: stage 1 its
-#              GPU tests (pytest tests/kernels/test_gluon.py -m gpu, limit T1=120 s), stage 2
-#              benchmarks/gluon_bench.py (w4096, w4096-s64, dense-causal: forward and forward +
-#              backward with MSA_CODEGEN_GLUON unset and set, one process; limit T2=85 s; rows to
+#   gluon      the Gluon family (kernels/gluon.py, issue 22), under 4 minutes: stage 1 its GPU
+#              tests (pytest tests/kernels/test_gluon.py tests/kernels/test_gluon_bwd.py -m gpu,
+#              limit T1=110 s), stage 2 benchmarks/gluon_bench.py (w4096, bidir-w512, w4096-s64:
+#              forward and forward + backward with MSA_CODEGEN_GLUON unset and set, the Gluon
+#              backward where eligible, one process; limit T2=80 s; rows to
 #              $OUT/gluon_bench.jsonl as they finish), then a summary: each stage's exit status and
 #              the timing table. ARGS go to pytest
 #
@@ -132,17 +133,19 @@ case "$suite" in
     { header; limit python3 benchmarks/sweep.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon)
-    T1=${T1:-120}; T2=${T2:-85}
+    T1=${T1:-110}; T2=${T2:-80}
     par=""
     python3 -c "import xdist" 2>/dev/null && par="-n ${WORKERS:-3}"
     rm -f "$OUT/gluon_bench.jsonl"
     {
       header
       echo "==== stage 1: GPU tests of the Gluon family (limit $T1 s)"
-      timeout "$T1" python3 -m pytest tests/kernels/test_gluon.py -m gpu -v --tb=short -p no:cacheprovider -rfEs $par "$@"; r1=$?
+      # faulthandler_timeout: a test past 60 s (a hung kernel) prints its traceback before T1 ends it
+      timeout "$T1" python3 -m pytest tests/kernels/test_gluon.py tests/kernels/test_gluon_bwd.py -m gpu -v --tb=short \
+        -p no:cacheprovider -o faulthandler_timeout=60 -rfEs $par "$@"; r1=$?
       [ "$r1" = 124 ] && echo "stage 1 TIMED OUT after $T1 s (the lines above say which tests finished)"
       echo "==== stage 2: Gluon against Triton, one process (limit $T2 s)"
-      timeout "$T2" python3 benchmarks/gluon_bench.py --out "$OUT/gluon_bench.jsonl"; r2=$?
+      timeout "$T2" python3 benchmarks/gluon_bench.py --out "$OUT/gluon_bench.jsonl" --watchdog $((T2 - 5)); r2=$?
       [ "$r2" = 124 ] && echo "stage 2 TIMED OUT after $T2 s (rows below are the cases that finished)"
       echo "==== summary: stage 1 (tests) exit $r1, stage 2 (timing) exit $r2 (124: timed out)"
       if [ -s "$OUT/gluon_bench.jsonl" ]; then
