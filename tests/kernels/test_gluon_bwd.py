@@ -3,7 +3,8 @@
 CPU: rendering is deterministic, specialised by the plan and kept out of the Triton kernels'
 hash; the eligibility rules (windows without sink only, no split KV heads); the rendered tiling
 of both kernels run as Python over NumPy against the pattern's mask; the routing in
-``launch.backward`` (an ineligible call runs the Triton backward and logs why once); an
+``launch.backward`` (an ineligible call runs the Triton backward and logs why once); the
+launcher with its kernels replaced by a float64 model of them (the reference gradients); an
 ahead-of-time compile for sm_90. ``gpu``: dq / dk / dv against the float64 reference on an
 H100/H200, and through ``msa_codegen.attention(...).backward()`` with MSA_CODEGEN_GLUON=1
 (spied: the Gluon backward ran).
@@ -198,6 +199,138 @@ def test_the_rendered_backward_tiling_of_random_windows():
     for _ in range(10):
         pattern = ("causal=false," if rng.random() < 0.4 else "") + f"window={rng.randrange(1, 1500)}"
         _check_tiling(pattern, rng.randrange(1, 1300), f"seed {seed}")
+
+
+# ---- CPU: the launcher through a model of the kernels ------------------------------------------
+
+class _Desc:
+    """What the model reads of a TMA descriptor: the 2-D view [rows, cols] and the block."""
+
+    def __init__(self, x, rows, cols, block):
+        self.view, self.block = x.as_strided((rows, cols), (x.stride(2), 1)), block
+
+    def load(self, r, c):
+        # [block] at (r, c); rows past the view read zeros (TMA)
+        br, bc = self.block
+        out = torch.zeros(br, bc, dtype=torch.float64)
+        got = self.view[r:r + br, c:c + bc].double()
+        out[:got.shape[0]] = got
+        return out
+
+    def store(self, r, c, x, n_rows):
+        # the first n_rows rows of x (TMA: clipped at the view's end)
+        n_rows = max(0, min(n_rows, self.view.shape[0] - r))
+        self.view[r:r + n_rows, c:c + x.shape[1]] = x[:n_rows].to(self.view.dtype)
+
+
+def _rows_of(x, off, n):
+    """n floats of a (B, H, N) stats view from element offset off (the kernels' pointer reads)."""
+    return torch.as_strided(x, (n,), (1,), x.storage_offset() + off).double()
+
+
+class _Kernel:
+    """kern[grid](*args, **kw) of a model that runs ``body(pid0, pid1, *args)`` per program."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            for p1 in range(grid[1]):
+                for p0 in range(grid[0]):
+                    self.body(p0, p1, *args)
+        return launch
+
+
+def _model(pattern):
+    """The two backward kernels as float64 PyTorch over the rendered tiling helpers, reading and
+    writing what the launcher passes (descriptors' 2-D views, row offsets, the stats rows)."""
+    ns = _tiling(pattern)
+    bm, bnc = gluon.BWD_BLOCK_M, gluon.BLOCK_N // 2
+
+    def dkdv(p0, p1, qd, kd, vd, dod, dkd, dvd, DK, DV, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc,
+             do_b, do_h, do_hc, dk_b, dk_h, dk_hc, dk_sn, dv_b, dv_h, dv_hc, dv_sn, s_b, s_h, HK0, HKS, GROUP, N,
+             qk_scale, sm_scale):
+        assert (dk_sn, dv_sn) == (dkd.view.stride(0), dvd.view.stride(0))
+        k0, b, kh = p0 * 2 * bnc, p1 // HKS, HK0 + p1 % HKS
+        qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, N, bm, 2 * bnc))
+        for off in (0, bnc):
+            j0 = k0 + off
+            kt, vt = kd.load(b * k_b + kh * k_h + j0, kh * k_hc), vd.load(b * v_b + kh * v_h + j0, kh * v_hc)
+            dk, dv = torch.zeros_like(kt), torch.zeros_like(vt)
+            for h in range(kh * GROUP, kh * GROUP + GROUP):
+                for qb in range(qb_lo, qb_hi):
+                    qt = qd.load(b * q_b + h * q_h + qb * bm, h * q_hc)
+                    dot = dod.load(b * do_b + h * do_h + qb * bm, h * do_hc)
+                    o_q = np.arange(qb * bm, qb * bm + bm)
+                    valid = int(np.clip(N - qb * bm, 0, bm))
+                    lse2, delta = torch.zeros(bm, dtype=torch.float64), torch.zeros(bm, dtype=torch.float64)
+                    lse2[:valid] = _rows_of(LSE2, b * s_b + h * s_h + qb * bm, valid)
+                    delta[:valid] = _rows_of(DELTA, b * s_b + h * s_h + qb * bm, valid)
+                    pt = torch.exp2(kt @ qt.T * qk_scale - lse2[None, :])
+                    if qb < full_lo or qb >= full_hi:
+                        lo, hi = ns["_key_rows"](np.arange(j0, j0 + bnc), N)
+                        pt = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, o_q)), pt, 0.0)
+                    dv += pt @ dot
+                    dk += (pt * (vt @ dot.T - delta[None, :])) @ qt
+            rows = bnc if j0 + bnc <= N else max(N - j0, 0)
+            dkd.store(b * dk_b + kh * dk_h + j0, kh * dk_hc, dk * sm_scale, rows)
+            dvd.store(b * dv_b + kh * dv_h + j0, kh * dv_hc, dv, rows)
+
+    def dq(p0, p1, qd, kd, vd, dod, dqd, DQ, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc, do_b, do_h,
+           do_hc, dq_b, dq_h, dq_hc, dq_sn, s_b, s_h, H0, HS, GROUP, N, qk_scale, sm_scale):
+        assert dq_sn == dqd.view.stride(0)
+        bn = kd.block[0]
+        q0, b, h = p0 * 2 * bm, p1 // HS, H0 + p1 % HS
+        kh = h // GROUP
+        kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_dq_bounds"](q0, N, 2 * bm, bn))
+        for off in (0, bm):
+            i0 = q0 + off
+            qt, dot = qd.load(b * q_b + h * q_h + i0, h * q_hc), dod.load(b * do_b + h * do_h + i0, h * do_hc)
+            valid = int(np.clip(N - i0, 0, bm))
+            lse2, delta = torch.zeros(bm, dtype=torch.float64), torch.zeros(bm, dtype=torch.float64)
+            lse2[:valid] = _rows_of(LSE2, b * s_b + h * s_h + i0, valid)
+            delta[:valid] = _rows_of(DELTA, b * s_b + h * s_h + i0, valid)
+            acc = torch.zeros_like(qt)
+            for kb in range(kb_lo, kb_hi):
+                kt, vt = kd.load(b * k_b + kh * k_h + kb * bn, kh * k_hc), vd.load(b * v_b + kh * v_h + kb * bn, kh * v_hc)
+                p = torch.exp2(qt @ kt.T * qk_scale - lse2[:, None])
+                if kb < full_lo or kb >= full_hi:
+                    lo, hi = ns["_query_keys"](np.arange(i0, i0 + bm), N)
+                    p = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, np.arange(kb * bn, kb * bn + bn))), p, 0.0)
+                acc += (p * (dot @ vt.T - delta[:, None])) @ kt
+            dqd.store(b * dq_b + h * dq_h + i0, h * dq_hc, acc * sm_scale, bm if i0 + bm <= N else valid)
+
+    return type("M", (), {"msa_gluon_bwd_dkdv": _Kernel(dkdv), "msa_gluon_bwd_dq": _Kernel(dq)})
+
+
+MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 257, 1, 4, 1, "bnhd"),
+               ("window=1", 130, 2, 2, 2, "bnhd"), ("causal=false,window=500", 200, 1, 3, 1, "bhnd")]
+
+
+@pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
+def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, pattern, n, b, hq, hkv, layout):
+    """gluon.backward with its kernels replaced by a float64 model that reads and writes exactly
+    what the launcher passes (TMA views and coordinates, stats rows, GQA heads, tails past N) and
+    tiles by the rendered helpers: the reference gradients, in q/k/v's layout. Checks the
+    launcher's plumbing and the kernels' algorithm; the Gluon code itself runs on the GPU only."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
+    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern))
+    d = 64
+    q, k, v, seed = make_inputs(b, hq, hkv, n, d, torch.float32, "cpu", layout)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out, lse = msa.reference_attention(q64, k64, v64, pattern, return_lse=True)
+    do = torch.randn(out.shape, dtype=torch.float64)
+    ref = torch.autograd.grad(out, (q64, k64, v64), do)
+    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n)
+    with torch.no_grad():
+        got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(), None, plan, d ** -0.5)
+    for name, g, r, x in zip(("dq", "dk", "dv"), got, ref, (q, k, v)):
+        assert g.stride() == x.stride(), name
+        err = rel_err(g, r)
+        assert err < FLOOR[torch.float32], f"{name}: {err:.2e}, seed {seed}"
 
 
 _AOT = """
