@@ -1,4 +1,4 @@
-"""The Gluon forward family (Hopper, issue 22): eligibility, rendering, loading and the launcher.
+"""The Gluon family (Hopper, issue 22): eligibility, rendering, loading and the launchers.
 
 A second forward kernel family behind the same plan: ``templates/gluon/fwd.py.jinja``, rendered
 from a head group's ``KernelPlan``, written in Triton's Gluon (``triton.experimental.gluon``):
@@ -17,6 +17,13 @@ fp16, head dim 64 or 128, every head group a plain window or dense pattern, caus
 or without ``sink`` (``pattern_reason``), q/k/v/o rows addressable by TMA (``layout_reason``),
 a positive scale, Nq == Nk, no run-time positions, segments or block indices. Dense patterns
 can run here but are routed to the Triton forward, measured faster (``slower_reason``).
+
+The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
+warp-specialised dK/dV kernel (a program per 128 keys of a KV head, its GQA query heads summed
+inside, no atomics) and a dQ kernel in the forward's layout, after the Triton stats pass
+``msa_bwd_pre``. Run by ``launch.backward`` under the same variable when ``why_not_bwd`` finds
+nothing against the call: causal or bidirectional windows without sink, Hopper, bf16 / fp16,
+head dim 64 or 128, layouts TMA addresses, no KV head split between head groups.
 
 Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
 on any Triton and without a GPU. ``api()`` feature-detects the names the template needs (they
