@@ -5,8 +5,8 @@ CPU: rendering is deterministic and kept out of the Triton kernels' hash, the el
 variable and its fallback line, and an ahead-of-time compile for sm_90 (Triton's bundled
 ptxas, a process without TRITON_INTERPRET). ``gpu``: output and LSE against the float64
 reference on an H100/H200 (the kernel runs on capability 9.x only), and forward + backward
-through ``msa_codegen.attention`` with MSA_CODEGEN_GLUON=1: the Triton backward on the Gluon
-forward's o and LSE.
+through ``msa_codegen.attention`` with MSA_CODEGEN_GLUON=1: the backward (the Gluon one for a
+window, the Triton one with a sink; test_gluon_bwd.py) on the Gluon forward's o and LSE.
 """
 from __future__ import annotations
 
@@ -381,7 +381,8 @@ BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300
 @pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", BWD_CASES, ids=_ids(BWD_CASES))
 def test_gpu_attention_forward_backward_with_the_variable(monkeypatch, pattern, n, d, hq, hkv, dtype):
     """msa_codegen.attention with MSA_CODEGEN_GLUON=1: the Gluon forward runs (spied), and the
-    Triton backward on its o and LSE gives the reference gradients."""
+    backward on its o and LSE gives the reference gradients (Gluon's for the window, Triton's for
+    the sink, which the Gluon backward does not take)."""
     monkeypatch.setenv(gluon.ENV, "1")
     calls = []
     real = gluon.forward
