@@ -31,7 +31,7 @@ import torch
 from .api import attention
 from .bench import _peak, _rel, _time, bench_main, label_rows
 from .pattern.spec import parse
-from .sparsity.inputs import CHECKED
+from .sparsity.inputs import CHECKED, PREPARED
 from .sparsity.reference import select_blocks_reference
 from .sparsity.selection import hash_sort, select_blocks
 
@@ -240,6 +240,7 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
                 # their cost: the same call with nothing remembered
                 def cold(fn=fn):
                     CHECKED.clear()
+                    PREPARED.clear()
                     return fn()
                 checks_ms = _time(cold, reps_ms) - fwd_ms
             fb()

@@ -276,16 +276,67 @@ def check_sorted(dyn: Dynamic) -> None:
         CHECKED.run(("sorted", side), sources, check)
 
 
+class _Prepared:
+    """``prepare``'s results, keyed like ``_Checked``'s entries (shapes, heads, the pattern's head
+    groups and every run-time tensor's identity and version); bounded LRU. A layer after the first
+    of a step passes the same, unmodified tensors: it gets the same ``Dynamic`` back without the
+    Python of ``normalize`` and without its device work (int32 copies, cu_seqlens' searchsorted:
+    kernel launches on every call). An entry holds its derived tensors and the caller's
+    run-time tensors (small: O(N) integers each) until it leaves the LRU."""
+
+    SIZE = 16
+
+    def __init__(self):
+        self._seen: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key, tensors):
+        hit = self._seen.get(key)
+        if hit is None:
+            return None
+        refs, dyn = hit
+        # id() can be reused by a new tensor once the old one is freed: the weakrefs say
+        if not all(r() is t for r, t in zip(refs, tensors)):
+            return None
+        self._seen.move_to_end(key)
+        return dyn
+
+    def put(self, key, tensors, dyn) -> None:
+        self._seen[key] = (tuple(weakref.ref(t) for t in tensors), dyn)
+        while len(self._seen) > self.SIZE:
+            self._seen.popitem(last=False)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+PREPARED = _Prepared()
+
+_INPUT_NAMES = ("cu_seqlens", "q_pos", "k_pos", "q_bucket", "k_bucket", "block_indices")
+
+
 def prepare(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device, **inputs) -> Dynamic:
     """``normalize`` + ``check_sorted`` for the kernels, each check remembered per tensor version.
 
     The first call with a set of tensors pays the host syncs; later calls with the same,
-    unmodified tensors (every layer of a step) skip them. Never used by the dense oracle.
+    unmodified tensors (every layer of a step) skip them, and get the first call's ``Dynamic``
+    (``PREPARED``). Never used by the dense oracle.
     """
+    key = tensors = None
+    if not torch.compiler.is_compiling():
+        tensors = tuple(t for t in (inputs.get(n) for n in _INPUT_NAMES) if isinstance(t, torch.Tensor))
+        sigs = tuple(_Checked._sig(t) for t in tensors)
+        if None not in sigs:
+            given = tuple(n for n in _INPUT_NAMES if inputs.get(n) is not None)
+            key = (tuple(groups), b, hq, hkv, nq, nk, str(device), given, sigs)
+            dyn = PREPARED.get(key, tensors)
+            if dyn is not None:
+                return dyn
     CHECKED.enabled = True
     try:
         dyn = normalize(groups, b, hq, hkv, nq, nk, device, **inputs)
         check_sorted(dyn)
     finally:
         CHECKED.enabled = False
+    if key is not None:
+        PREPARED.put(key, tensors, dyn)
     return dyn

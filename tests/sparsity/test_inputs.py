@@ -346,7 +346,50 @@ def _counting_checks(monkeypatch):
         real(what, tensors, counted)
     monkeypatch.setattr(dynamic.CHECKED, "run", run)
     dynamic.CHECKED.clear()
+    dynamic.PREPARED.clear()
     return ran
+
+
+@pytest.mark.parametrize("kind", ["cu_seqlens", "positions", "buckets", "topk"])
+def test_prepared_inputs_are_reused_per_tensor_version(kind, monkeypatch):
+    """A call with the same, unmodified run-time tensors gets the first call's normalised inputs
+    without normalising again (no Python, no int32 copies or searchsorted on the device); an
+    in-place write or a new tensor of the same values is normalised afresh, and the outputs agree."""
+    from msa_codegen.sparsity import inputs as dynamic
+
+    dynamic.PREPARED.clear()
+    calls = []
+    real = dynamic.normalize
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(dynamic, "normalize", counted)
+    q, k, v = _qkv(n=24)
+    pattern = "window=6"
+    if kind == "cu_seqlens":
+        kw = dict(cu_seqlens=torch.tensor([0, 7, 24], dtype=torch.int32))
+    elif kind == "positions":
+        kw = dict(q_pos=torch.arange(0, 48, 2), k_pos=torch.arange(0, 48, 2))
+    elif kind == "buckets":
+        kw = dict(q_bucket=torch.tensor([0] * 10 + [1] * 14), k_bucket=torch.tensor([0] * 12 + [1] * 12))
+    else:
+        pattern = "window=6,topk=1,block=16"
+        kw = dict(block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32))
+    groups = msa.parse(pattern).head_groups(q.shape[1])
+    first = dynamic.prepare(groups, 1, q.shape[1], k.shape[1], 24, 24, q.device, **kw)
+    assert dynamic.prepare(groups, 1, q.shape[1], k.shape[1], 24, 24, q.device, **kw) is first
+    assert len(calls) == 1
+    out = msa.attention(q, k, v, pattern, **kw)
+    assert len(calls) == 1, "attention normalised unchanged inputs again"
+    for t in kw.values():
+        t.add_(0)         # a new version: normalised again
+    assert dynamic.prepare(groups, 1, q.shape[1], k.shape[1], 24, 24, q.device, **kw) is not first
+    assert len(calls) == 2
+    fresh = {name: t.clone() for name, t in kw.items()}   # same values, new tensors
+    again = msa.attention(q, k, v, pattern, **fresh)
+    assert len(calls) == 3
+    assert torch.equal(out, again)
 
 
 @pytest.mark.parametrize("kind", ["cu_seqlens", "positions", "buckets", "topk"])
