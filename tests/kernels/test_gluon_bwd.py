@@ -212,7 +212,7 @@ class _Desc:
     def load(self, r, c):
         # [block] at (r, c); rows past the view read zeros (TMA)
         br, bc = self.block
-        out = torch.zeros(br, bc, dtype=torch.float64)
+        out = torch.zeros(br, bc, dtype=torch.float64, device=self.view.device)
         got = self.view[r:r + br, c:c + bc].double()
         out[:got.shape[0]] = got
         return out
@@ -264,13 +264,13 @@ def _model(pattern):
                     dot = dod.load(b * do_b + h * do_h + qb * bm, h * do_hc)
                     o_q = np.arange(qb * bm, qb * bm + bm)
                     valid = int(np.clip(N - qb * bm, 0, bm))
-                    lse2, delta = torch.zeros(bm, dtype=torch.float64), torch.zeros(bm, dtype=torch.float64)
+                    lse2, delta = (torch.zeros(bm, dtype=torch.float64, device=kt.device) for _ in range(2))
                     lse2[:valid] = _rows_of(LSE2, b * s_b + h * s_h + qb * bm, valid)
                     delta[:valid] = _rows_of(DELTA, b * s_b + h * s_h + qb * bm, valid)
                     pt = torch.exp2(kt @ qt.T * qk_scale - lse2[None, :])
                     if qb < full_lo or qb >= full_hi:
                         lo, hi = ns["_key_rows"](np.arange(j0, j0 + bnc), N)
-                        pt = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, o_q)), pt, 0.0)
+                        pt = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, o_q)).to(pt.device), pt, 0.0)
                     dv += pt @ dot
                     dk += (pt * (vt @ dot.T - delta[None, :])) @ qt
             rows = bnc if j0 + bnc <= N else max(N - j0, 0)
@@ -288,7 +288,7 @@ def _model(pattern):
             i0 = q0 + off
             qt, dot = qd.load(b * q_b + h * q_h + i0, h * q_hc), dod.load(b * do_b + h * do_h + i0, h * do_hc)
             valid = int(np.clip(N - i0, 0, bm))
-            lse2, delta = torch.zeros(bm, dtype=torch.float64), torch.zeros(bm, dtype=torch.float64)
+            lse2, delta = (torch.zeros(bm, dtype=torch.float64, device=qt.device) for _ in range(2))
             lse2[:valid] = _rows_of(LSE2, b * s_b + h * s_h + i0, valid)
             delta[:valid] = _rows_of(DELTA, b * s_b + h * s_h + i0, valid)
             acc = torch.zeros_like(qt)
@@ -297,7 +297,8 @@ def _model(pattern):
                 p = torch.exp2(qt @ kt.T * qk_scale - lse2[:, None])
                 if kb < full_lo or kb >= full_hi:
                     lo, hi = ns["_query_keys"](np.arange(i0, i0 + bm), N)
-                    p = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, np.arange(kb * bn, kb * bn + bn))), p, 0.0)
+                    vis = ns["_in_bounds"](lo, hi, np.arange(kb * bn, kb * bn + bn))
+                    p = torch.where(torch.from_numpy(vis).to(p.device), p, 0.0)
                 acc += (p * (dot @ vt.T - delta[:, None])) @ kt
             dqd.store(b * dq_b + h * dq_h + i0, h * dq_hc, acc * sm_scale, bm if i0 + bm <= N else valid)
 
@@ -309,20 +310,21 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
 
 
 @pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
-def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, pattern, n, b, hq, hkv, layout):
+def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, b, hq, hkv, layout):
     """gluon.backward with its kernels replaced by a float64 model that reads and writes exactly
     what the launcher passes (TMA views and coordinates, stats rows, GQA heads, tails past N) and
     tiles by the rendered helpers: the reference gradients, in q/k/v's layout. Checks the
-    launcher's plumbing and the kernels' algorithm; the Gluon code itself runs on the GPU only."""
+    launcher's plumbing and the kernels' algorithm; the Gluon code itself runs on the GPU only
+    (the stats pass runs in Triton's interpreter on the CPU, or on the GPU)."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
     monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern))
     d = 64
-    q, k, v, seed = make_inputs(b, hq, hkv, n, d, torch.float32, "cpu", layout)
+    q, k, v, seed = make_inputs(b, hq, hkv, n, d, torch.float32, device, layout)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     out, lse = msa.reference_attention(q64, k64, v64, pattern, return_lse=True)
-    do = torch.randn(out.shape, dtype=torch.float64)
+    do = torch.randn(out.shape, dtype=torch.float64, device=device)
     ref = torch.autograd.grad(out, (q64, k64, v64), do)
     plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n)
     with torch.no_grad():
