@@ -312,7 +312,8 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
 @pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
 def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, b, hq, hkv, layout):
     """gluon.backward with its kernels replaced by a float64 model that reads and writes exactly
-    what the launcher passes (TMA views and coordinates, stats rows, GQA heads, tails past N) and
+    what the launcher passes (TMA views and coordinates, stats rows, GQA heads, tails past N; with
+    a gradient into the LSE in the (B, N, H, D) cases) and
     tiles by the rendered helpers: the reference gradients, in q/k/v's layout. Checks the
     launcher's plumbing and the kernels' algorithm; the Gluon code itself runs on the GPU only
     (the stats pass runs in Triton's interpreter on the CPU, or on the GPU)."""
@@ -325,10 +326,14 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     out, lse = msa.reference_attention(q64, k64, v64, pattern, return_lse=True)
     do = torch.randn(out.shape, dtype=torch.float64, device=device)
-    ref = torch.autograd.grad(out, (q64, k64, v64), do)
+    # a gradient into the returned LSE too (return_lse): msa_bwd_pre folds it into delta
+    dlse = torch.randn(lse.shape, dtype=torch.float64, device=device) if layout == "bnhd" else None
+    ref = torch.autograd.grad((out, lse) if dlse is not None else out, (q64, k64, v64),
+                              (do, dlse) if dlse is not None else do)
     plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n)
     with torch.no_grad():
-        got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(), None, plan, d ** -0.5)
+        got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(),
+                             None if dlse is None else dlse.float(), plan, d ** -0.5)
     for name, g, r, x in zip(("dq", "dk", "dv"), got, ref, (q, k, v)):
         assert g.stride() == x.stride(), name
         err = rel_err(g, r)
