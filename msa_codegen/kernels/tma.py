@@ -139,16 +139,10 @@ def _descriptor_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cpu" if interpreting() else "cuda")
 
 
-_allocator_seen = False
-
-
 def _ensure_allocator() -> None:
-    """Give Triton an allocator for the descriptors' scratch unless the caller already set one
-    (looked at once per process: a later allocator of the caller's replaces ours, as it should)."""
-    global _allocator_seen
-    if _allocator_seen:
-        return
-    _allocator_seen = True
+    """Give Triton an allocator for the descriptors' scratch unless the caller already set one.
+    Checked on every launch, not once: Triton keeps the allocator in a context variable, so the
+    autograd engine's backward thread needs its own (a once-per-process flag failed there)."""
     try:
         from triton.runtime._allocation import NullAllocator, _allocator
         unset = isinstance(_allocator.get(), NullAllocator)

@@ -226,6 +226,30 @@ def test_descriptor_loads_need_aligned_layouts(device):
         assert (out.double() - ref).norm() / ref.norm() < 5e-3
 
 
+def test_the_descriptor_allocator_reaches_every_thread():
+    """Triton keeps its allocator in a context variable: a thread of its own (the autograd
+    engine's backward thread on a GPU) starts without the one set elsewhere, so the launch path
+    sets it where it runs. A once-per-process flag broke every GPU backward with descriptors
+    ("no allocator was set", H200, 2026-12-03) while the CPU suite, whose backward runs on the
+    calling thread, passed."""
+    import threading
+
+    from triton.runtime._allocation import NullAllocator, _allocator
+
+    tma_policy._ensure_allocator()
+    assert not isinstance(_allocator.get(), NullAllocator)
+    seen = []
+
+    def worker():
+        before = isinstance(_allocator.get(), NullAllocator)
+        tma_policy._ensure_allocator()
+        seen.append((before, isinstance(_allocator.get(), NullAllocator)))
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [(True, False)]
+
+
 # ---- the window band's dS through scratch (MSA_BWD_SCRATCH_BYTES) -------------------------------
 
 @pytest.mark.parametrize("pattern", ["window=40", "window=30,dilation=3,sink=5", "causal=false,window=7,sink=3",
