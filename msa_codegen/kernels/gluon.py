@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
 import os
-import sys
 import threading
 
 import torch
@@ -179,10 +177,25 @@ def layout_reason(*tensors: torch.Tensor) -> str | None:
 
 def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str | None:
     """Why this call cannot run the Gluon forward (None: it runs it). ``plan``: its AttentionPlan."""
+    why = _groups_reason(plan, pattern_reason) or _call_reason(q, k)
+    if why:
+        return why
+    if not scale > 0:
+        return f"scale {scale} (positive scales only)"
+    return layout_reason(q, k, v) or api()[1]
+
+
+def _groups_reason(plan, reason) -> str | None:
+    """The first head group's ``reason(kernel_plan)``, naming its heads when there are several."""
     for grp in plan.groups:
-        why = pattern_reason(grp.kernel_plan)
+        why = reason(grp.kernel_plan)
         if why:
             return f"heads {grp.h0}-{grp.h1 - 1}: {why}" if len(plan.groups) > 1 else why
+    return None
+
+
+def _call_reason(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """What both directions ask of a call's device, dtype, head dim and lengths."""
     why = device_reason(q.device, q.dtype, q.shape[-1])
     if why:
         return why
@@ -190,9 +203,7 @@ def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         return f"Nq {q.shape[2]} != Nk {k.shape[2]}"
     if q.shape[2] >= MAX_SEQLEN:
         return f"N {q.shape[2]} >= {MAX_SEQLEN}"
-    if not scale > 0:
-        return f"scale {scale} (positive scales only)"
-    return layout_reason(q, k, v) or api()[1]
+    return None
 
 
 def slower_reason(kplans) -> str | None:
@@ -225,20 +236,12 @@ def why_not_bwd(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str 
     """Why this call's backward cannot run the Gluon kernels (None: it runs them). A gradient of
     the returned LSE is fine: msa_bwd_pre folds it into delta. dO of any strides is copied to a
     layout TMA reads; dq / dk / dv are allocated so."""
-    for grp in plan.groups:
-        why = bwd_pattern_reason(grp.kernel_plan)
-        if why:
-            return f"heads {grp.h0}-{grp.h1 - 1}: {why}" if len(plan.groups) > 1 else why
-    if plan.split_kv_heads:
-        return "a KV head's query heads fall in two head groups (dK/dV partial sums)"
-    why = device_reason(q.device, q.dtype, q.shape[-1])
+    why = _groups_reason(plan, bwd_pattern_reason)
     if why:
         return why
-    if k.shape[2] != q.shape[2]:
-        return f"Nq {q.shape[2]} != Nk {k.shape[2]}"
-    if q.shape[2] >= MAX_SEQLEN:
-        return f"N {q.shape[2]} >= {MAX_SEQLEN}"
-    return layout_reason(q, k, v) or api()[1]
+    if plan.split_kv_heads:
+        return "a KV head's query heads fall in two head groups (dK/dV partial sums)"
+    return _call_reason(q, k) or layout_reason(q, k, v) or api()[1]
 
 
 def note(plan, why: str, family: str = "forward") -> None:
@@ -311,12 +314,7 @@ def load(kplan: KernelPlan, direction: str = "fwd"):
             text = f"{_render._DIGEST_PREFIX}{digest}\n{body}"
             if not _render._read_valid(path):
                 _render._write_atomic(path, text)
-            name = f"msa_codegen_kernels.{path.stem}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            _modules[key] = mod
+            mod = _modules[key] = _render.import_file(f"msa_codegen_kernels.{path.stem}", path)
     return mod
 
 

@@ -23,16 +23,11 @@ LOG2E = 1.4426950408889634
 
 
 @functools.lru_cache(maxsize=16)
-def _dummy_on(device: str) -> torch.Tensor:
-    return torch.zeros(2, dtype=torch.int32, device=device)
-
-
-@functools.lru_cache(maxsize=16)
 def _dummy(device) -> torch.Tensor:
     # the table argument of a plan without random / top-k blocks (never read): one per device,
-    # not a fill kernel per call (cached by the device object too: str() of it on every launch
-    # was measurable host time)
-    return _dummy_on(str(device))
+    # not a fill kernel per call (keyed by the device object: str() of it on every launch was
+    # measurable host time)
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=None, inverse: bool = True):

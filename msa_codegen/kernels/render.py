@@ -255,10 +255,15 @@ def load(plan: KernelPlan, direction: str):
         mod = _modules.get(key)
         if mod is None:
             path = kernel_file(plan, direction)
-            name = f"msa_codegen_kernels.{path.stem}{'_interp' if key[2] else ''}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            _modules[key] = mod
+            mod = _modules[key] = import_file(f"msa_codegen_kernels.{path.stem}{'_interp' if key[2] else ''}", path)
+    return mod
+
+
+def import_file(name: str, path: Path):
+    """Import a generated kernel file as module ``name`` (registered in sys.modules: Triton's
+    JIT reads a kernel's module globals through it)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
     return mod

@@ -332,6 +332,18 @@ def test_errors(kw, err, frag):
             msa.mask("window=4", 20, 2, **kw)
 
 
+def _run_time_inputs(kind):
+    """(pattern, run-time inputs) of one kind at N=24, fresh tensors each call."""
+    if kind == "cu_seqlens":
+        return "window=6", dict(cu_seqlens=torch.tensor([0, 7, 24], dtype=torch.int32))
+    if kind == "positions":
+        return "window=6", dict(q_pos=torch.arange(0, 48, 2), k_pos=torch.arange(0, 48, 2))
+    if kind == "buckets":
+        return "window=6", dict(q_bucket=torch.tensor([0] * 10 + [1] * 14),
+                                k_bucket=torch.tensor([0] * 12 + [1] * 12))
+    return "window=6,topk=1,block=16", dict(block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32))
+
+
 def _counting_checks(monkeypatch):
     """Every host-side check ``attention`` actually runs (not the ones it remembers), by name."""
     from msa_codegen.sparsity import inputs as dynamic
@@ -366,16 +378,7 @@ def test_prepared_inputs_are_reused_per_tensor_version(kind, monkeypatch):
         return real(*a, **kw)
     monkeypatch.setattr(dynamic, "normalize", counted)
     q, k, v = _qkv(n=24)
-    pattern = "window=6"
-    if kind == "cu_seqlens":
-        kw = dict(cu_seqlens=torch.tensor([0, 7, 24], dtype=torch.int32))
-    elif kind == "positions":
-        kw = dict(q_pos=torch.arange(0, 48, 2), k_pos=torch.arange(0, 48, 2))
-    elif kind == "buckets":
-        kw = dict(q_bucket=torch.tensor([0] * 10 + [1] * 14), k_bucket=torch.tensor([0] * 12 + [1] * 12))
-    else:
-        pattern = "window=6,topk=1,block=16"
-        kw = dict(block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32))
+    pattern, kw = _run_time_inputs(kind)
     groups = msa.parse(pattern).head_groups(q.shape[1])
     first = dynamic.prepare(groups, 1, q.shape[1], k.shape[1], 24, 24, q.device, **kw)
     assert dynamic.prepare(groups, 1, q.shape[1], k.shape[1], 24, 24, q.device, **kw) is first
@@ -398,16 +401,7 @@ def test_checks_run_once_per_tensor_version(kind, monkeypatch):
     write (version bump) or for a new tensor with the same values."""
     ran = _counting_checks(monkeypatch)
     q, k, v = _qkv(n=24)
-    pattern = "window=6"
-    if kind == "cu_seqlens":
-        kw = dict(cu_seqlens=torch.tensor([0, 7, 24], dtype=torch.int32))
-    elif kind == "positions":
-        kw = dict(q_pos=torch.arange(0, 48, 2), k_pos=torch.arange(0, 48, 2))
-    elif kind == "buckets":
-        kw = dict(q_bucket=torch.tensor([0] * 10 + [1] * 14), k_bucket=torch.tensor([0] * 12 + [1] * 12))
-    else:
-        pattern = "window=6,topk=1,block=16"
-        kw = dict(block_indices=torch.zeros(1, 1, 2, 1, dtype=torch.int32))
+    pattern, kw = _run_time_inputs(kind)
     first = msa.attention(q, k, v, pattern, **kw)
     n_first = len(ran)
     assert n_first >= 1
