@@ -15,7 +15,7 @@ from ..pattern.spec import Spec
 from ..plan import AttentionPlan
 from ..sparsity.tables import merged_block_tables, random_tables
 from . import gluon as _gluon
-from . import schedule
+from . import direct, schedule
 from .schedule import cdiv
 from .tma import descriptor_fault, positional_descriptors, use_tma
 
@@ -109,7 +109,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
         rtab, _, _, tstr, _ = _tables(grp.spec, n, q.device, nk, block_indices, inverse=False)
         grid = (schedule.seq_tiles(grp.kernel_plan, n, c.block_m, positional), b * (h1 - h0))
         if positional:
-            kern[grid](
+            direct.launch(kern, grid,
                 q, k, v, o, lse, rtab, *tstr, *_pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk),
                 *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
                 h0, h1 - h0, group, n, nk, scale * LOG2E,
@@ -118,7 +118,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
                 num_warps=c.num_warps, num_stages=c.num_stages, **_LAUNCH,
             )
             continue
-        kern[grid](
+        direct.launch(kern, grid,
             q, k, v, o, lse, rtab, *tstr,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1),
             h0, h1 - h0, group, n, scale * LOG2E,
@@ -178,7 +178,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
         rtab, roff, rinv, tstr, rstr = _tables(grp.spec, n, q.device, nk, block_indices)
         pos = _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, n, nk) if positional else ()
         hs = h1 - h0
-        mod.msa_bwd_pre[(cdiv(n, 64), b * hs)](
+        direct.launch(mod.msa_bwd_pre, (cdiv(n, 64), b * hs),
             o, do, dlse if dlse is not None else lse, lse, delta, lse2,
             *o.stride(), *do.stride(), lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
             h0, hs, n,
@@ -196,7 +196,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
         consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m1, BLOCK_N=c.block_n1, DOT_PREC=prec,
                       num_warps=c.num_warps1, num_stages=c.num_stages1, **_LAUNCH)
         if positional:
-            mod.msa_bwd_dq[(schedule.seq_tiles(kplan, n, c.block_m2, positional), b * hs)](
+            direct.launch(mod.msa_bwd_dq, (schedule.seq_tiles(kplan, n, c.block_m2, positional), b * hs),
                 q, k, v, do, lse2, delta, dq, rtab, *tstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), delta.stride(0), delta.stride(1),
                 h0, hs, group, n, nk, scale * LOG2E, scale,
@@ -204,7 +204,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
                 num_warps=c.num_warps2, num_stages=c.num_stages2, **_LAUNCH,
             )
             # one key tile per program owns every key (no prefix tiles): see the positional template
-            mod.msa_bwd_dkdv[(schedule.seq_tiles(kplan, nk, c.block_n1, positional), b * hks)](
+            direct.launch(mod.msa_bwd_dkdv, (schedule.seq_tiles(kplan, nk, c.block_n1, positional), b * hks),
                 *common, dk_out, dv_out, rtab, roff, rinv, *rstr, *pos,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_out.stride(), *dv_out.stride(),
                 delta.stride(0), delta.stride(1), h0, hs, group, hks, kv_off, n, nk, scale * LOG2E, scale,
@@ -228,13 +228,13 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
                 c1 = min(h1, c0 + step)
                 ck0, ck1 = c0 // group, (c1 - 1) // group + 1
                 # dk/dv first: with ds, dq reads the tiles it writes (else the two are independent)
-                mod.msa_bwd_dkdv[(schedule.seq_tiles(kplan, n, c.block_n1, positional), b * (ck1 - ck0))](
+                direct.launch(mod.msa_bwd_dkdv, (schedule.seq_tiles(kplan, n, c.block_n1, positional), b * (ck1 - ck0)),
                     *common, dk_out, dv_out, rtab, roff, rinv, *rstr,
                     *q.stride(), *k.stride(), *v.stride(), *do.stride(), 0, *dk_out.stride(), 0,
                     *dv_out.stride(), delta.stride(0), delta.stride(1), *ds_args,
                     c0, c1 - c0, group, ck1 - ck0, kv_off, n, c.block_m1, scale * LOG2E, scale,
                     PREFIX_TILES=False, DS=bool(ds), **tma, **consts)
-                mod.msa_bwd_dq[(schedule.seq_tiles(kplan, n, bm, positional), b * (c1 - c0))](
+                direct.launch(mod.msa_bwd_dq, (schedule.seq_tiles(kplan, n, bm, positional), b * (c1 - c0)),
                     q, k, v, do, lse2, delta, dq, rtab, *tstr,
                     *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
                     delta.stride(0), delta.stride(1), *ds_args,
@@ -248,7 +248,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
             n_chunks = cdiv(n, chunk)
             part_k = torch.empty((n_chunks, b, hks, p, d), dtype=torch.float32, device=q.device)
             part_v = torch.empty_like(part_k)
-            mod.msa_bwd_dkdv[(cdiv(p, c.block_n1) * n_chunks, b * hks)](
+            direct.launch(mod.msa_bwd_dkdv, (cdiv(p, c.block_n1) * n_chunks, b * hks),
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
                 delta.stride(0), delta.stride(1), _dummy(q.device), 0, 0, 0,
