@@ -19,6 +19,9 @@
 #   compare    every filled grid entry of the shipped database (or DB): tuned against the heuristic
 #              default in the same interleaved rounds (msa_codegen.tuner.grid --compare); ARGS e.g.
 #              --rounds 7
+#   host       benchmarks/host_probe.py: where a short call's host time goes (direct launches on /
+#              off, Triton's launch stubbed out, each kernel's launch three ways); ARGS e.g.
+#              --case hash8-8k
 #   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
 #              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
 #   select     benchmarks/select_probe.py: select_blocks' selection kernel in its launch variants
@@ -109,6 +112,9 @@ case "$suite" in
     done ;;
   compare)
     { header; limit python3 -m msa_codegen.tuner.grid --compare ${DB:+--db "$DB"} "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  host)
+    { header; limit python3 benchmarks/host_probe.py "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   ceiling)
     { header; limit python3 benchmarks/ceiling_probe.py --rep 200 "$@"; } 2>&1 | grep -v -i warn | tee "$log"
