@@ -581,8 +581,9 @@ def test_torch_compile_and_opcheck(device):
     ("causal=false,global=3,window=16,random=2,block=64", ("tma",)),
     ("window=64,dilation=2,sink=4", ("tma",)),
     ("window=64,dilation=2,sink=4,topk=2,block=64", ("positional", "segments", "tma")),
+    ("causal", ("positional", "segments")),
 ], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random",
-        "tma-dilated-sink-scratch", "pos-seg-tma"])
+        "tma-dilated-sink-scratch", "pos-seg-tma", "pos-seg-dense-hash"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed."""
     r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
