@@ -25,7 +25,8 @@ the same one:
 Triton's checks that this skips: the kernel's global values (the generated modules' globals
 are constants) and pre-run hooks (a kernel with one always takes Triton's path). Launch hooks
 (profilers) still see every launch. In Triton's interpreter (``TRITON_INTERPRET=1``) every launch
-is ``kern[grid](...)``; ``MSA_CODEGEN_DIRECT_LAUNCH=0`` does the same on a GPU (for comparisons).
+is ``kern[grid](...)``; ``MSA_CODEGEN_DIRECT_LAUNCH=0`` (read at import; benchmarks and tests set
+``ENABLED``) does the same on a GPU.
 """
 from __future__ import annotations
 
