@@ -99,13 +99,40 @@ def _broadcast(name: str, t: torch.Tensor, b: int, h: int, n: int, hname: str) -
     return t3
 
 
-class _Checked:
-    """Checks that passed, keyed by (check, parameters, tensor identity and version); bounded LRU."""
+class _TensorLRU:
+    """Values kept per key and the exact tensors that key was made from; bounded LRU. A key holds
+    ids, so a hit also needs each kept weakref to still point at the given tensor (an id can be
+    reused by a new tensor once the old one is freed)."""
 
-    SIZE = 64
+    def __init__(self, size: int):
+        self.size = size
+        self._seen: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key, tensors):
+        """The value kept under ``key`` for exactly these tensors, else None."""
+        hit = self._seen.get(key)
+        if hit is None:
+            return None
+        refs, value = hit
+        if not all(r() is t for r, t in zip(refs, tensors)):
+            return None
+        self._seen.move_to_end(key)
+        return value
+
+    def put(self, key, tensors, value) -> None:
+        self._seen[key] = (tuple(weakref.ref(t) for t in tensors), value)
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+class _Checked(_TensorLRU):
+    """Checks that passed, keyed by (check, parameters, tensor identity and version)."""
 
     def __init__(self):
-        self._seen: collections.OrderedDict = collections.OrderedDict()
+        super().__init__(64)
         self.enabled = False   # set by ``prepare`` for the duration of one call
 
     @staticmethod
@@ -123,19 +150,11 @@ class _Checked:
             sigs = tuple(self._sig(t) for t in tensors)
             if None not in sigs:
                 key = (what, sigs)
-                refs = self._seen.get(key)
-                # id() can be reused by a new tensor once the old one is freed: the weakrefs say
-                if refs is not None and all(r() is t for r, t in zip(refs, tensors)):
-                    self._seen.move_to_end(key)
+                if self.get(key, tensors):
                     return
         check()
         if key is not None:
-            self._seen[key] = tuple(weakref.ref(t) for t in tensors)
-            while len(self._seen) > self.SIZE:
-                self._seen.popitem(last=False)
-
-    def clear(self) -> None:
-        self._seen.clear()
+            self.put(key, tensors, True)
 
 
 CHECKED = _Checked()
@@ -276,40 +295,13 @@ def check_sorted(dyn: Dynamic) -> None:
         CHECKED.run(("sorted", side), sources, check)
 
 
-class _Prepared:
-    """``prepare``'s results, keyed like ``_Checked``'s entries (shapes, heads, the pattern's head
-    groups and every run-time tensor's identity and version); bounded LRU. A layer after the first
-    of a step passes the same, unmodified tensors: it gets the same ``Dynamic`` back without the
-    Python of ``normalize`` and without its device work (int32 copies, cu_seqlens' searchsorted:
-    kernel launches on every call). An entry holds its derived tensors and the caller's
-    run-time tensors (small: O(N) integers each) until it leaves the LRU."""
-
-    SIZE = 16
-
-    def __init__(self):
-        self._seen: collections.OrderedDict = collections.OrderedDict()
-
-    def get(self, key, tensors):
-        hit = self._seen.get(key)
-        if hit is None:
-            return None
-        refs, dyn = hit
-        # id() can be reused by a new tensor once the old one is freed: the weakrefs say
-        if not all(r() is t for r, t in zip(refs, tensors)):
-            return None
-        self._seen.move_to_end(key)
-        return dyn
-
-    def put(self, key, tensors, dyn) -> None:
-        self._seen[key] = (tuple(weakref.ref(t) for t in tensors), dyn)
-        while len(self._seen) > self.SIZE:
-            self._seen.popitem(last=False)
-
-    def clear(self) -> None:
-        self._seen.clear()
-
-
-PREPARED = _Prepared()
+#: ``prepare``'s results, keyed like ``CHECKED``'s entries (shapes, heads, the pattern's head
+#: groups and every run-time tensor's identity and version). A layer after the first of a step
+#: passes the same, unmodified tensors: it gets the same ``Dynamic`` back without the Python of
+#: ``normalize`` and without its device work (int32 copies, cu_seqlens' searchsorted: kernel
+#: launches on every call). An entry holds its derived tensors and the caller's run-time tensors
+#: (small: O(N) integers each) until it leaves the LRU.
+PREPARED = _TensorLRU(16)
 
 _INPUT_NAMES = ("cu_seqlens", "q_pos", "k_pos", "q_bucket", "k_bucket", "block_indices")
 
