@@ -111,8 +111,9 @@ def launch(kern, grid, *args, **kw) -> None:
     if not ENABLED or interpreting():
         kern[grid](*args, **kw)
         return
-    rt = _runtime or _Runtime()
-    _runtime = rt
+    if _runtime is None:
+        _runtime = _Runtime()
+    rt = _runtime
     if (not isinstance(kern, rt.kernel_class) or kern.pre_run_hooks
             or getattr(rt.knobs.runtime, "add_stages_inspection_hook", None) is not None):
         kern[grid](*args, **kw)
@@ -124,7 +125,7 @@ def launch(kern, grid, *args, **kw) -> None:
         try:
             hit = _compiled.get(signature(kern, args, kw, layout, device, options))
         except AttributeError:   # a non-tensor where the call site had a tensor: lay it out again
-            hit = None
+            pass
     if hit is None:
         compiled = kern[grid](*args, **kw)
         layout = _layouts[(kern, len(args))] = _split(args)
