@@ -45,6 +45,7 @@ def main(argv=None) -> None:
     from triton import knobs
 
     import msa_codegen
+    from msa_codegen.bench_dynamic import hash_inputs
     from msa_codegen.kernels import direct
 
     pattern, b, h, n, d, buckets = CASES[args.case]
@@ -54,10 +55,7 @@ def main(argv=None) -> None:
     extra = {}
     if buckets:
         # bench_dynamic's Hash-sparse inputs: rows sorted by LSH bucket (hash_sort, not timed)
-        qs, qp, qb, _ = msa_codegen.hash_sort(q.detach(), buckets, seed=1)
-        ks, kp, kb, _ = msa_codegen.hash_sort(k.detach(), buckets, seed=1)
-        vs = v.detach().gather(2, kp.long()[..., None].expand(b, h, n, d))
-        q, k, v = (t.contiguous().requires_grad_() for t in (qs, ks, vs))
+        q, k, v, qp, kp, qb, kb = hash_inputs(q, k, v, buckets)
         extra = dict(q_pos=qp, k_pos=kp, q_bucket=qb, k_bucket=kb)
     busy = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 

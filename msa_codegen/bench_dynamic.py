@@ -100,10 +100,7 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
         grads = (q, k, v)
     elif case.kind == "hash":
         nb = 8
-        qs, qp, qb, _ = hash_sort(q.detach(), nb, seed=1)
-        ks, kp, kb, _ = hash_sort(k.detach(), nb, seed=1)
-        vs = v.detach().gather(2, kp.long()[..., None].expand(b, hkv, n, d))
-        qs, ks, vs = (t.contiguous().requires_grad_() for t in (qs, ks, vs))
+        qs, ks, vs, qp, kp, qb, kb = hash_inputs(q, k, v, nb)
         note = f"{nb} buckets, sorted inputs (hash_sort not timed)"
 
         def ours():
@@ -146,6 +143,16 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
     else:
         raise ValueError(f"unknown kind {case.kind!r}")
     return ours, peers, grads, note
+
+
+def hash_inputs(q, k, v, buckets: int):
+    """The Hash-sparse rows' inputs: q, k, v sorted by LSH bucket (``hash_sort``, seed 1; v in k's
+    order) as new leaves, and their positions and buckets: ``(qs, ks, vs, qp, kp, qb, kb)``."""
+    qs, qp, qb, _ = hash_sort(q.detach(), buckets, seed=1)
+    ks, kp, kb, _ = hash_sort(k.detach(), buckets, seed=1)
+    vs = v.detach().gather(2, kp.long()[..., None].expand_as(v))
+    qs, ks, vs = (t.contiguous().requires_grad_() for t in (qs, ks, vs))
+    return qs, ks, vs, qp, kp, qb, kb
 
 
 def msa_window(pattern: str) -> int:
