@@ -41,6 +41,7 @@ _FP32_PTRS = ("LSE", "LSE2", "DELTA", "DLSE", "DK", "DV")
 _INT_PTRS = ("RTAB", "ROFF", "RINV", "QPOS", "KPOS", "QSEG", "KSEG")
 _FLOATS = ("qk_scale", "sm_scale")
 _INTS = ("H_OFF", "H", "GROUP", "N", "NQ", "NK", "HK", "KV_OFF", "Q_CHUNK", "MAXB")
+_UNIT_STRIDES = ("stride_qpn", "stride_kpn", "stride_qsn", "stride_ksn")
 _memo: dict[str, int] = {}
 
 
@@ -78,9 +79,11 @@ def _signature(kern, constexprs: dict, dtype_name: str, group: int):
             sig[name] = "fp32"
             continue
         if name.startswith("stride_") or name in _INTS:
-            # an integer: the last dim's stride (contiguous rows) and a GQA group of 1 are 1, which
+            # an integer: the last dim's stride (contiguous rows), the row stride of run-time positions
+            # and segments (normalised to contiguous int32 rows) and a GQA group of 1 are 1, which
             # Triton turns into a constexpr; the rest are multiples of 16 in the problems we tune
-            unit = (name.startswith("stride_") and name.endswith("d")) or (name == "GROUP" and group == 1)
+            unit = ((name.startswith("stride_") and name.endswith("d")) or name in _UNIT_STRIDES
+                    or (name == "GROUP" and group == 1))
             if name in no_spec:
                 sig[name] = "i32"
             elif unit:
