@@ -83,6 +83,16 @@ def narrow_band(pattern: str | None) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=256)
+def plain_window(pattern: str | None) -> bool:
+    """Every head group of the pattern is a window (any width, dilation or sink) without global
+    rows, random or top-k blocks. False without a pattern."""
+    if not pattern:
+        return False
+    return all(g.spec.window is not None and not (g.spec.global_ or g.spec.random or g.spec.topk)
+               for g in parse(pattern).groups)
+
+
 def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
                    capability: str | None = None, pattern: str | None = None) -> LaunchConfig:
     """Heuristic launch parameters until a tuned one exists (``capability``: of a named GPU, when
@@ -155,6 +165,14 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
     # causal N=8192 B=8 H=16/8 D=256 backward 51.42 ms against 143.94 for (128, 32, 8, 2) (the
     # tuner's row, H200, 2026-12-02); Triton 3.6's sm_90 SASS of that dq loop: 55-58 spill
     # instructions against 254.
+    # Windows (``plain_window``): dk/dv on three stages and dq (128, 32, 8, 2), the tuner's winner
+    # on 4 of the shipped grid's 6 D=256 window backward rows (H200, bf16, H=16/8, 2026-12-03),
+    # timed against the default above in 5 interleaved rounds (``tuner.grid --compare``):
+    # window=1024 N=8192 B=8 12.89 ms against 14.43, N=32768 B=2 13.46 against 15.17, N=131072
+    # B=1 27.08 against 30.57; window=4096 N=8192 B=8 34.52 against 39.02 (1.12-1.13x). At N=4096
+    # the winner was (64, 64, 8, 2) / (128, 16, 8, 3) (1.17x / 1.21x), not timed against this one.
     if hopper_sized(device, capability):
+        if plain_window(pattern):
+            return LaunchConfig(FwdConfig(128, 64, 8, 2), BwdConfig(32, 64, 8, 3, 128, 32, 8, 2))
         return LaunchConfig(FwdConfig(128, 64, 8, 2), BwdConfig(32, 64, 8, 2, 128, 64, 8, 1))
     return LaunchConfig(FwdConfig(64, 32, 8, 2), BwdConfig(32, 64, 8, 2, 128, 32, 8, 2))

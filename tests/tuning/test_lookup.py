@@ -47,6 +47,27 @@ def test_narrow_band_forward_default():
     assert default_config(cuda, 64, bf16, "8.0", "causal=false,window=256") == default_config(cuda, 64, bf16, "8.0")
 
 
+def test_d256_window_backward_default():
+    """Head dim 256 on Hopper: windows' backward runs dk/dv on three stages and dq in 128 x 32
+    tiles on two (the tuner's winner on the shipped window rows); dense and other patterns, the
+    forward, and GPUs with 99 KiB per block keep theirs."""
+    from msa_codegen.heuristics import plain_window
+
+    assert plain_window("window=1024") and plain_window("causal=false,window=512,sink=4")
+    assert plain_window("window=4096,dilation=2")
+    for p in ("causal", "causal=false,global=3,window=7", "window=512,random=2", "window=64,topk=2,block=64",
+              "0-7:window=512;8-15:causal", None):
+        assert not plain_window(p), p
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    win, dense = default_config(cuda, 256, bf16, "9.0", "window=1024"), default_config(cuda, 256, bf16, "9.0", "causal")
+    assert win.bwd == BwdConfig(32, 64, 8, 3, 128, 32, 8, 2)
+    assert dense.bwd == BwdConfig(32, 64, 8, 2, 128, 64, 8, 1) == default_config(cuda, 256, bf16, "9.0").bwd
+    assert win.fwd == dense.fwd == FwdConfig(128, 64, 8, 2)
+    assert default_config(cuda, 256, bf16, "12.0", "window=1024") == default_config(cuda, 256, bf16, "12.0")
+    # head dims up to 128 are not affected
+    assert default_config(cuda, 128, bf16, "9.0", "window=4096").bwd == default_config(cuda, 128, bf16, "9.0").bwd
+
+
 # ---- lookup order -----------------------------------------------------------------------------
 
 def test_lookup_order(tmp_home, tmp_path):

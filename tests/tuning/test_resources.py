@@ -208,22 +208,25 @@ def test_blackwell_defaults_compile_within_shared_memory(tmp_path, capability, l
 
 
 def test_signature_specialises_as_a_launch():
-    """Pointers and strides divisible by 16, the last dim's stride and a GQA group of 1 constant,
-    what the kernel does not specialise (N, H_OFF) left alone."""
+    """Pointers and strides divisible by 16, the last dim's stride, the row stride of run-time
+    positions and segments (contiguous int32 rows) and a GQA group of 1 constant, what the kernel
+    does not specialise (N, H_OFF) left alone."""
     class P:
         def __init__(self, c):
             self.is_constexpr = c
 
     class K:
-        arg_names = ["Q", "LSE", "stride_qn", "stride_qd", "GROUP", "N", "qk_scale", "BLOCK_M"]
-        params = [P(False)] * 7 + [P(True)]
+        arg_names = ["Q", "LSE", "QPOS", "stride_qn", "stride_qd", "stride_qph", "stride_qpn", "stride_ksn",
+                     "GROUP", "N", "qk_scale", "BLOCK_M"]
+        params = [P(False)] * 11 + [P(True)]
         do_not_specialize = ["N"]
 
     sig, consts, attrs = resources._signature(K, {"BLOCK_M": 64}, "bf16", group=1)
-    assert sig == {"Q": "*bf16", "LSE": "*fp32", "stride_qn": "i32", "stride_qd": "constexpr",
+    assert sig == {"Q": "*bf16", "LSE": "*fp32", "QPOS": "*i32", "stride_qn": "i32", "stride_qd": "constexpr",
+                   "stride_qph": "i32", "stride_qpn": "constexpr", "stride_ksn": "constexpr",
                    "GROUP": "constexpr", "N": "i32", "qk_scale": "fp32", "BLOCK_M": "constexpr"}
-    assert consts == {(3,): 1, (4,): 1, (7,): 64}
-    assert set(attrs) == {(0,), (1,), (2,)}
+    assert consts == {(4,): 1, (6,): 1, (7,): 1, (8,): 1, (11,): 64}
+    assert set(attrs) == {(0,), (1,), (2,), (3,), (5,)}
 
 
 # ---- the tuner's counts, its summary line and progress -----------------------------------------
