@@ -3,6 +3,9 @@
     python benchmarks/sweep.py --pattern window=4096,dilation=2 --n 131072 --heads 16 --head-dim 128
 
 A quick hand sweep for picking heuristic defaults; the Optuna tuner is msa-tune.
+``--hash-buckets K``: the Hash-sparse inputs of bench_dynamic (rows sorted by K LSH buckets, their
+positions and buckets passed to ``attention``), e.g.
+``--pattern causal --n 8192 --hash-buckets 8 --fwd "128,128,8,3;128,64,8,2;64,64,4,2"``.
 """
 import argparse
 import itertools
@@ -38,6 +41,8 @@ def main():
     ap.add_argument("--fwd", help="forward configs to time instead of the built-in list: 'm,n,warps,stages;...'")
     ap.add_argument("--dkdv", help="dk/dv configs (block_m1,block_n1,warps,stages;...) instead of the built-in list")
     ap.add_argument("--dq", help="dq configs (block_m2,block_n2,warps,stages;...) instead of the built-in list")
+    ap.add_argument("--hash-buckets", type=int, default=0,
+                    help="Hash-sparse inputs: rows sorted by this many LSH buckets (bench_dynamic.hash_inputs)")
     a = ap.parse_args()
     fwd_cfgs = [FwdConfig(*c) for c in _configs(a.fwd)] if a.fwd else FWD
     dkdv_cfgs = _configs(a.dkdv) if a.dkdv else DKDV
@@ -51,25 +56,38 @@ def main():
     for t in (q, k, v):
         t.requires_grad_()
     spec = msa.parse(a.pattern).groups[0].spec
-    flops = 4.0 * a.head_dim * a.heads * a.batch * attended_pairs(spec, a.n)
+    extra = {}
+    if a.hash_buckets:
+        from msa_codegen.bench_dynamic import hash_inputs
+
+        q, k, v, qp, kp, qb, kb = hash_inputs(q, k, v, a.hash_buckets)
+        extra = dict(q_pos=qp, k_pos=kp, q_bucket=qb, k_bucket=kb)
+        pairs = hash_pairs(spec, qp, kp, qb, kb) / (a.batch * a.heads)
+    else:
+        pairs = attended_pairs(spec, a.n)
+    flops = 4.0 * a.head_dim * a.heads * a.batch * pairs
     base = default_config(dev, a.head_dim, torch.bfloat16, pattern=str(msa.parse(a.pattern)))
-    print(f"{a.pattern} B={a.batch} H={a.heads} N={a.n} D={a.head_dim}; default {base}")
+    what = f", {a.hash_buckets} hash buckets" if a.hash_buckets else ""
+    print(f"{a.pattern} B={a.batch} H={a.heads} N={a.n} D={a.head_dim}{what}; default {base}")
+
+    def attention(q, k, v, pattern):
+        return msa.attention(q, k, v, pattern, **extra)
     rows = []
     for f in ([] if a.bwd_only else fwd_cfgs):
         cfg = LaunchConfig(f, base.bwd)
         try:
             with use_config(cfg):
-                ms = triton.testing.do_bench(lambda: msa.attention(q, k, v, a.pattern), rep=a.rep, return_mode="median")
+                ms = triton.testing.do_bench(lambda: attention(q, k, v, a.pattern), rep=a.rep, return_mode="median")
             rows.append(("fwd", f, ms, flops / ms / 1e9))
         except Exception as e:
             rows.append(("fwd", f, float("nan"), str(e)[:60]))
     if not a.fwd_only:
         for m1, m2 in itertools.product(dkdv_cfgs, dq_cfgs[:1]):
-            rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
+            rows += _bwd(attention, q, k, v, do, a, base, m1, m2, flops)
         for m1, m2 in itertools.product(dkdv_cfgs[:1], dq_cfgs[1:]):
-            rows += _bwd(q, k, v, do, a, base, m1, m2, flops)
+            rows += _bwd(attention, q, k, v, do, a, base, m1, m2, flops)
         if not a.no_profile:
-            _profile(q, k, v, do, a)
+            _profile(attention, q, k, v, do, a)
     for r in rows:
         print(f"{r[0]:4s} {str(r[1]):90s} {r[2]:9.3f} ms  {r[3] if isinstance(r[3], str) else f'{r[3]:6.1f} TF/s'}")
 
@@ -78,16 +96,33 @@ def _configs(text):
     return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
 
 
-def _profile(q, k, v, do, a):
+def hash_pairs(spec, qp, kp, qb, kb) -> float:
+    """Visible (query, key) pairs over every batch and head of a dense pattern with buckets: keys
+    of the query's bucket (at or before its position when causal), counted by binary search on
+    the sorted (bucket, position) keys."""
+    if not spec.dense:
+        raise SystemExit("--hash-buckets counts the pairs of a dense pattern ('causal' or 'causal=false')")
+    b, h, n = qb.shape[0], qb.shape[1], qb.shape[-1]
+    kkey = ((kb.long() << 32) | kp.long()).expand(b, kb.shape[1], -1)
+    qkey_lo = (qb.long() << 32).expand(b, h, n)
+    qkey_hi = ((qb.long() << 32) | (qp.long() + 1)) if spec.causal else ((qb.long() + 1) << 32)
+    group = h // kkey.shape[1]
+    kkey = kkey.repeat_interleave(group, dim=1).contiguous()
+    lo = torch.searchsorted(kkey, qkey_lo.contiguous())
+    hi = torch.searchsorted(kkey, qkey_hi.expand(b, h, n).contiguous())
+    return float((hi - lo).sum())
+
+
+def _profile(attention, q, k, v, do, a):
     """CUDA time per kernel of one forward + backward with the default config."""
     from torch.profiler import ProfilerActivity, profile
 
-    out = msa.attention(q, k, v, a.pattern)
+    out = attention(q, k, v, a.pattern)
     torch.autograd.grad(out, (q, k, v), do)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
-            out = msa.attention(q, k, v, a.pattern)
+            out = attention(q, k, v, a.pattern)
             torch.autograd.grad(out, (q, k, v), do)
         torch.cuda.synchronize()
     times = {}
@@ -100,11 +135,11 @@ def _profile(q, k, v, do, a):
         print(f"  kernel {name[:60]:60s} {ms:8.3f} ms per fwd+bwd")
 
 
-def _bwd(q, k, v, do, a, base, m1, m2, flops):
+def _bwd(attention, q, k, v, do, a, base, m1, m2, flops):
     cfg = LaunchConfig(base.fwd, BwdConfig(*m1, *m2))
     try:
         with use_config(cfg):
-            out = msa.attention(q, k, v, a.pattern)
+            out = attention(q, k, v, a.pattern)
             ms = triton.testing.do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
                                          rep=a.rep, return_mode="median")
         return [("bwd", cfg.bwd, ms, 2.5 * flops / ms / 1e9)]
