@@ -585,15 +585,17 @@ def test_torch_compile_and_opcheck(device):
     ("causal", ("positional", "segments", "tma", "launch")),
     ("window=4096,sink=64", ("positional", "segments", "tma", "launch")),
     ("causal=false,window=512,dilation=2,sink=4", ("positional", "segments", "classes", "tma", "launch")),
+    ("window=256,sink=16,topk=4,block=64", ("positional", "segments", "tma", "launch")),
 ], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random",
         "tma-dilated-sink-scratch", "pos-seg-tma", "pos-seg-dense-hash", "launch-hash", "launch-window-sink",
-        "launch-classes-bidir"])
+        "launch-classes-bidir", "launch-pos-topk-b64"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed.
 
     ``launch``: at the H200's default launch configuration for D=128 bf16, specialised as a launch
-    is (aot_check.py). CI's oldest-pair job runs these too: Triton 3.6's ptxas crashed on a
-    positional forward that Triton 3.9's compiled."""
+    is (aot_check.py). CI's oldest-pair job runs these too: with Triton 3.6, ptxas crashed on a
+    positional forward that Triton 3.9 compiled, and the pipeliner failed on the positional dk/dv
+    kernel of top-k / random blocks of 64 rows (launch-pos-topk-b64)."""
     r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -725,6 +727,12 @@ GPU_CASES = [
     ("topk-window-sink", "window=256,sink=16,topk=4,block=64", _selected(4, 64), (2, 4, 2, 8000, None, 128, torch.bfloat16)),
     ("topk-random-bidir", "causal=false,window=64,random=2,topk=3,block=128",
      with_topk("causal=false,window=64,random=2,topk=3,block=128", None), (1, 4, 1, 4096, None, 64, torch.float16)),
+    # positional tiles with blocks no larger than the dk/dv kernel's query tiles (64 at D <= 128):
+    # the R^T loop call is one block (Triton 3.6 failed to compile it until it was kept unpipelined)
+    ("pos-topk-b64", "window=256,sink=16,topk=4,block=64",
+     with_topk("window=256,sink=16,topk=4,block=64", pos_inputs(span=8192)), (1, 4, 2, 3000, 3000, 128, torch.bfloat16)),
+    ("buckets-random-b64", "causal=false,window=64,random=2,block=64", bucket_inputs(4, with_pos=True),
+     (1, 4, 2, 4096, None, 64, torch.bfloat16)),
 ]
 
 
