@@ -62,8 +62,9 @@ def compile_launch(plan, pattern, tma):
     common = dict(HEAD_DIM=128, BLOCK_D=128, DOT_PREC="tf32", TMA=tma, FOLD=True, DS=False, HAS_DLSE=False,
                   PREFIX_TILES=False)
     f, b = cfg.fwd, cfg.bwd
+    # the stats pass (msa_bwd_pre) launches with 64-row tiles and Triton's default warps and stages
     jobs = [(fwd.msa_fwd, dict(BLOCK_M=f.block_m, BLOCK_N=f.block_n), f.num_warps, f.num_stages),
-            (bwd.msa_bwd_pre, dict(BLOCK_M=64), 4, 1),
+            (bwd.msa_bwd_pre, dict(BLOCK_M=64), 4, 3),
             (bwd.msa_bwd_dkdv, dict(BLOCK_M=b.block_m1, BLOCK_N=b.block_n1), b.num_warps1, b.num_stages1),
             (bwd.msa_bwd_dq, dict(BLOCK_M=b.block_m2, BLOCK_N=b.block_n2), b.num_warps2, b.num_stages2)]
     for kern, tiles, warps, stages in jobs:
@@ -71,7 +72,8 @@ def compile_launch(plan, pattern, tma):
         consts = {k: v for k, v in {**common, **tiles}.items() if k in names}
         sig, consts, attrs = resources._signature(kern, consts, "bf16", 1)
         triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+                       target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
 
 
 def main(pattern, *flags):
