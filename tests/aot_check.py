@@ -2,8 +2,8 @@
 
 Run as a script in a process without TRITON_INTERPRET: ``python aot_check.py PATTERN FLAGS...``
 (FLAGS: ``positional``, ``segments``, ``classes``; ``tma``: the plain forward's tensor-descriptor loads;
-``launch``: instead of small tiles, head dim 128 in bf16 at the default launch configuration of an
-H200, specialised as a GPU launch specialises contiguous tensors: strides of 1 and a GQA group of 1
+``launch``: instead of small tiles, head dim 128 (``hd=N``: N) in bf16 at the default launch
+configuration of an H200, specialised as a GPU launch specialises contiguous tensors: strides of 1 and a GQA group of 1
 become constants, the rest divisible by 16, as ``tuning.resources`` compiles a candidate). The
 interpreter accepts code that the GPU compiler rejects (loop-carried types, scalar/tensor mixing),
 and ptxas can fail on code that compiles at other sizes (Triton 3.6's ptxas 12.8 crashed with
@@ -50,16 +50,18 @@ def compile_kernel(kern, dtype="bf16", tma=False, constexprs=None, options=None)
                           options=options)
 
 
-def compile_launch(plan, pattern, tma):
-    """``plan``'s kernels at head dim 128, bf16, as an H200 launches them by default."""
+def compile_launch(plan, pattern, tma, head_dim=128):
+    """``plan``'s kernels at ``head_dim``, bf16, as an H200 launches them by default."""
     import torch
 
     from msa_codegen.heuristics import default_config
+    from msa_codegen.kernels.schedule import block_d
     from msa_codegen.tuning import resources
 
-    cfg = default_config(torch.device("cuda"), 128, torch.bfloat16, capability="9.0", pattern=pattern)
+    cfg = default_config(torch.device("cuda"), head_dim, torch.bfloat16, capability="9.0", pattern=pattern)
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
-    common = dict(HEAD_DIM=128, BLOCK_D=128, DOT_PREC="tf32", TMA=tma, FOLD=True, DS=False, HAS_DLSE=False,
+    bd = block_d(head_dim)
+    common = dict(HEAD_DIM=head_dim, BLOCK_D=bd, DOT_PREC="tf32", TMA=tma, FOLD=True, DS=False, HAS_DLSE=False,
                   PREFIX_TILES=False)
     f, b = cfg.fwd, cfg.bwd
     # the stats pass (msa_bwd_pre) launches with 64-row tiles and Triton's default warps and stages
@@ -80,7 +82,8 @@ def main(pattern, *flags):
     plan = lower(parse(pattern).groups[0].spec, positional="positional" in flags, segments="segments" in flags,
                  classes="classes" in flags)
     if "launch" in flags:
-        compile_launch(plan, pattern, tma="tma" in flags)
+        hd = [int(f[3:]) for f in flags if f.startswith("hd=")]
+        compile_launch(plan, pattern, tma="tma" in flags, head_dim=hd[0] if hd else 128)
         print("compiled", pattern, *flags)
         return
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
