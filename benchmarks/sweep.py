@@ -102,14 +102,11 @@ def hash_pairs(spec, qp, kp, qb, kb) -> float:
     the sorted (bucket, position) keys."""
     if not spec.dense:
         raise SystemExit("--hash-buckets counts the pairs of a dense pattern ('causal' or 'causal=false')")
-    b, h, n = qb.shape[0], qb.shape[1], qb.shape[-1]
-    kkey = ((kb.long() << 32) | kp.long()).expand(b, kb.shape[1], -1)
-    qkey_lo = (qb.long() << 32).expand(b, h, n)
+    # q side (B, H, N), k side (B, Hkv, N): each query head searches its KV head's keys
+    kkey = ((kb.long() << 32) | kp.long()).repeat_interleave(qb.shape[1] // kb.shape[1], dim=1).contiguous()
     qkey_hi = ((qb.long() << 32) | (qp.long() + 1)) if spec.causal else ((qb.long() + 1) << 32)
-    group = h // kkey.shape[1]
-    kkey = kkey.repeat_interleave(group, dim=1).contiguous()
-    lo = torch.searchsorted(kkey, qkey_lo.contiguous())
-    hi = torch.searchsorted(kkey, qkey_hi.expand(b, h, n).contiguous())
+    lo = torch.searchsorted(kkey, (qb.long() << 32).contiguous())
+    hi = torch.searchsorted(kkey, qkey_hi.contiguous())
     return float((hi - lo).sum())
 
 

@@ -72,15 +72,8 @@ def narrow_band(pattern: str | None) -> bool:
     """Every head group of the pattern is a window (with or without sink) whose band is below
     ``NARROW_BAND`` keys: a 128-row tile of such a window spends a large share of its few key
     blocks in masked edges and in the loop's pipeline start. False without a pattern."""
-    if not pattern:
-        return False
-    for g in parse(pattern).groups:
-        sp = g.spec
-        if sp.window is None or sp.global_ or sp.random or sp.topk:
-            return False
-        if sp.window * (1 if sp.causal else 2) >= NARROW_BAND:
-            return False
-    return True
+    return plain_window(pattern) and all(g.spec.window * (1 if g.spec.causal else 2) < NARROW_BAND
+                                         for g in parse(pattern).groups)
 
 
 @functools.lru_cache(maxsize=256)

@@ -72,10 +72,8 @@ def compile_launch(plan, pattern, tma, head_dim=128):
     for kern, tiles, warps, stages in jobs:
         names = {n for i, n in enumerate(kern.arg_names) if kern.params[i].is_constexpr}
         consts = {k: v for k, v in {**common, **tiles}.items() if k in names}
-        sig, consts, attrs = resources._signature(kern, consts, "bf16", 1)
-        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
+        # the tuner's ahead-of-time compile (launch specialisation, fp fusion; cached per kernel key)
+        resources.kernel_shared(kern, consts, num_warps=warps, num_stages=stages, capability="9.0")
 
 
 def main(pattern, *flags):
