@@ -66,7 +66,8 @@ def main():
     else:
         pairs = attended_pairs(spec, a.n)
     flops = 4.0 * a.head_dim * a.heads * a.batch * pairs
-    base = default_config(dev, a.head_dim, torch.bfloat16, pattern=str(msa.parse(a.pattern)))
+    base = default_config(dev, a.head_dim, torch.bfloat16, pattern=str(msa.parse(a.pattern)),
+                          buckets=bool(a.hash_buckets))
     what = f", {a.hash_buckets} hash buckets" if a.hash_buckets else ""
     print(f"{a.pattern} B={a.batch} H={a.heads} N={a.n} D={a.head_dim}{what}; default {base}")
 

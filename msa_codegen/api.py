@@ -299,7 +299,7 @@ def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes
     return (out, lse) if return_lse else out
 
 
-def explain(q, k, v, pattern="causal", *, proxy_heads: int | None = None):
+def explain(q, k, v, pattern="causal", *, proxy_heads: int | None = None, buckets: bool = False):
     """Which launch configuration ``attention(q, k, v, pattern)`` runs, per direction, and why.
 
     Returns a ``Resolution``: ``.fwd`` / ``.bwd`` hold ``.config`` and ``.source`` (``"user db
@@ -307,8 +307,10 @@ def explain(q, k, v, pattern="causal", *, proxy_heads: int | None = None):
     pattern with an ``msa`` group, an ``MsaResolution``: MSA's kernels run with the tuning
     database's row of the group's ``msa=T`` spec (``.msa``, keyed by the group's query heads per proxy
     head: ``proxy_heads`` is the group's Hp, default one per key/value head) or the defaults of
-    ``msa_codegen.msa.launch``, the other heads' pattern as above. Inside
-    ``use_config(...)`` the forced configuration is reported. Example::
+    ``msa_codegen.msa.launch``, the other heads' pattern as above. ``buckets=True``: for a call
+    that passes ``q_bucket`` / ``k_bucket``, which runs the heuristic default of bucketed rows (no
+    database row: the tuner measures patterns without buckets). Inside ``use_config(...)`` the
+    forced configuration is reported. Example::
 
         >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
     """
@@ -322,7 +324,7 @@ def explain(q, k, v, pattern="causal", *, proxy_heads: int | None = None):
         return _msa_route[1](pattern, hq, hkv, lambda text: explain(q, k, v, text),
                              lambda text, g: tuning_lookup.lookup(q.device, text, q.shape[-1], q.dtype, g,
                                                                   q.shape[2]), proxy_heads)
-    res = tuning_lookup.lookup(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2])
+    res = tuning_lookup.lookup(q.device, pattern, q.shape[-1], q.dtype, hq // hkv, q.shape[2], buckets=buckets)
     forced = _config.override()
     if forced is not None:
         res = dataclasses.replace(res, fwd=tuning_lookup.Choice(forced.fwd, tuning_lookup.OVERRIDE),

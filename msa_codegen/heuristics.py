@@ -87,9 +87,11 @@ def plain_window(pattern: str | None) -> bool:
 
 
 def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
-                   capability: str | None = None, pattern: str | None = None) -> LaunchConfig:
+                   capability: str | None = None, pattern: str | None = None,
+                   buckets: bool = False) -> LaunchConfig:
     """Heuristic launch parameters until a tuned one exists (``capability``: of a named GPU, when
-    it is not this machine's; ``pattern``: the call's, for the narrow-band forward rule).
+    it is not this machine's; ``pattern``: the call's, for the narrow-band forward rule;
+    ``buckets``: the call passes ``q_bucket`` / ``k_bucket``, whose rows see only their bucket).
 
     The fastest of hand sweeps on an H200 (benchmarks/sweep.py; the figures in docs/performance.md)
     for head dims 64 and 128; the others are the spill-free shapes of ptxas's report for sm_90.
@@ -133,6 +135,14 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
         # 128-key tiles stay ahead (9.14 against 9.43 ms). Capability 10 (Blackwell) takes the same
         # branch as 9: same shared memory per block, same descriptors; 12 (99 KiB per block) takes
         # the pointer loads' tiles, which fit it with descriptors too (see the docstring)
+        if buckets and hopper_sized(device, capability):
+            # Hash-sparse rows (a query sees the keys of its bucket only: short rows, like a narrow
+            # band): causal, 8 buckets, B=1 H=16 D=128 (H200, bf16, benchmarks/sweep.py
+            # --hash-buckets 8, 2026-12-03): forward (64, 64, 4, 2) 0.215 ms against 0.270 for
+            # (128, 128, 8, 3) at N=8192, 0.565 against 0.636 at N=16384; backward at N=8192
+            # dk/dv (32, 64, 4, 2) 0.612 against 0.632 for (64, 64, 4, 2), dq (64, 64, 4, 2) 0.587
+            # against 0.632 for (128, 64, 8, 3)
+            return LaunchConfig(FwdConfig(64, 64, 4, 2), BwdConfig(32, 64, 4, 2, 64, 64, 4, 2))
         if not hopper_sized(device, capability):
             fwd = FwdConfig(128, 64, 8, 3)
         elif narrow_band(pattern):

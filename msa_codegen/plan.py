@@ -106,7 +106,9 @@ def _build(key: tuple) -> AttentionPlan:
                    for h0, h1, spec in pat.head_groups(hq))   # ValueError when they do not cover hq heads
     group = hq // hkv
     text = str(pat)
-    res = tuning_lookup.lookup(device, text, head_dim, dtype, group, max(bucket, 1))
+    # segments without classes: hash buckets (cu_seqlens gives both)
+    res = tuning_lookup.lookup(device, text, head_dim, dtype, group, max(bucket, 1),
+                               buckets=segments and not classes)
     cfg = res.config
     return AttentionPlan(
         key=key, pattern=pat, pattern_text=text, groups=groups,

@@ -7,7 +7,10 @@ Order, per direction (forward and backward are separate rows):
 3. another GPU of the same compute capability, this bucket (user database first);
 4. the nearest bucket: this GPU, else the same capability (ties: the larger bucket, user
    database first);
-5. the heuristic default (``config.default_config``).
+5. the heuristic default (``heuristics.default_config``).
+
+A call with hash buckets (``q_bucket`` / ``k_bucket``) takes the heuristic default of bucketed rows
+and no database row: the tuner measures a pattern without buckets, whose rows are longer.
 
 An msa pattern (one group ``msa=T[,block=B]``, what ``msa_attention`` runs) is looked up the same
 way; its rows hold the fields of ``msa.launch.MsaConfig`` (``keys.MSA_FIELDS``: fwd the selection's
@@ -246,7 +249,7 @@ class _MsaDefault:
 
 @functools.lru_cache(maxsize=4096)
 def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: str, head_dim: int, group: int,
-                   seqlen: int, user: Path, shipped: Path, tv: str, kh: str) -> Resolution:
+                   seqlen: int, user: Path, shipped: Path, tv: str, kh: str, buckets: bool = False) -> Resolution:
     canon = canonical_pattern(pattern)
     b = _bucket(seqlen)
     if is_msa_pattern(canon):
@@ -254,11 +257,11 @@ def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: s
         default = _MsaDefault()
     else:
         default = heuristics.default_config(torch.device("cuda" if cuda else "cpu"), head_dim,
-                                            getattr(torch, dtype), capability if cuda else None, canon)
+                                            getattr(torch, dtype), capability if cuda else None, canon, buckets)
     query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
                  triton_version=tv, kernel_hash=kh)
     dbs = []
-    for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
+    for label, path, mode in () if buckets else (("user", user, "rw"), ("shipped", shipped, "ro")):
         rows = _read_rows(path, mode, query)
         if rows:
             dbs.append((label, path, rows))
@@ -268,30 +271,33 @@ def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: s
 
 
 def lookup_for_gpu(gpu: str, capability: str, pattern, head_dim: int, dtype, group: int, seqlen: int, *,
-                   cuda: bool | None = None, db: str | os.PathLike | None = None) -> Resolution:
+                   cuda: bool | None = None, db: str | os.PathLike | None = None,
+                   buckets: bool = False) -> Resolution:
     """The configuration per direction for a problem on a named GPU, and where it came from.
 
     ``cuda`` selects the heuristic family (default: any GPU but ``cpu-interpreter``); ``db``
-    is the user database (default ``$MSA_CODEGEN_HOME/tuning.db``). Kept until ``reload()``.
+    is the user database (default ``$MSA_CODEGEN_HOME/tuning.db``); ``buckets``: a call with
+    ``q_bucket`` / ``k_bucket`` (the heuristic default, no row). Kept until ``reload()``.
     """
     if cuda is None:
         cuda = gpu != _gpu.INTERPRETER
     return _lookup_cached(str(gpu), str(capability), bool(cuda), str(pattern), dtype_name(dtype), int(head_dim),
                           int(group), int(seqlen), user_db_path(db), shipped_db_path(), triton_version(),
-                          kernel_hash(pattern))
+                          kernel_hash(pattern), bool(buckets))
 
 
-def lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int) -> Resolution:
+def lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int, buckets: bool = False) -> Resolution:
     """What a call on ``device`` runs: the one question the core asks of the tuning database.
 
     ``group``: query heads per key/value head; for an msa pattern (``msa_attention``), query heads
-    per proxy head, H / Hp.
+    per proxy head, H / Hp. ``buckets``: the call passes ``q_bucket`` / ``k_bucket``.
 
     Returns a ``Resolution``: ``.fwd`` / ``.bwd`` (``Choice``: ``.config`` and ``.source``),
     ``.config`` (the ``LaunchConfig``) and ``.source``. Kept until ``reload()``."""
     device = torch.device(device)
     name, cap = _gpu.gpu_of(device)
-    return lookup_for_gpu(name, cap, pattern, head_dim, dtype, group, seqlen, cuda=device.type == "cuda")
+    return lookup_for_gpu(name, cap, pattern, head_dim, dtype, group, seqlen, cuda=device.type == "cuda",
+                          buckets=buckets)
 
 
 _reload_listeners: list = []

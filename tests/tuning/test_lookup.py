@@ -68,6 +68,36 @@ def test_d256_window_backward_default():
     assert default_config(cuda, 128, bf16, "9.0", "window=4096").bwd == default_config(cuda, 128, bf16, "9.0").bwd
 
 
+def test_bucketed_rows_default_and_no_row(tmp_home):
+    """A call with hash buckets: on Hopper at head dims 64 < D <= 128 the short-row tiles, in both
+    directions; no database row (the tuner measures patterns without buckets), for attention's
+    plan and explain alike."""
+    from msa_codegen.plan import plan_for
+
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    hashed = default_config(cuda, 128, bf16, "9.0", "causal", buckets=True)
+    assert hashed == LaunchConfig(FwdConfig(64, 64, 4, 2), BwdConfig(32, 64, 4, 2, 64, 64, 4, 2))
+    assert hashed != default_config(cuda, 128, bf16, "9.0", "causal")
+    for d, cap in ((64, "9.0"), (256, "9.0"), (128, "8.0"), (128, "12.0")):
+        assert default_config(cuda, d, bf16, cap, "causal", buckets=True) == default_config(cuda, d, bf16, cap,
+                                                                                           "causal"), (d, cap)
+    put(tmp_home / "tuning.db", row(), row(direction="bwd"))
+    assert which().source.startswith("user db")
+    res = which(buckets=True)
+    assert res.source == "heuristic default" and res.config == default_config(cuda, 128, bf16, "9.0", PATTERN,
+                                                                              buckets=True)
+    # attention's plans: cu_seqlens (segments and classes) keeps the row, buckets do not
+    put(tmp_home / "tuning.db", row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16,
+                                    gqa_group=2, bucket_=1024))
+    plans = {kind: plan_for(PATTERN, torch.device("cpu"), torch.float32, 16, 2, 1, 40, True, True, classes)
+             for kind, classes in (("docs", True), ("buckets", False))}
+    assert plans["docs"].resolution.fwd.source.startswith("user db")
+    assert plans["buckets"].source == "heuristic default"
+    q, k = torch.randn(1, 2, 40, 16), torch.randn(1, 1, 40, 16)
+    assert msa.explain(q, k, k, PATTERN).fwd.source.startswith("user db")
+    assert msa.explain(q, k, k, PATTERN, buckets=True).source == "heuristic default"
+
+
 # ---- lookup order -----------------------------------------------------------------------------
 
 def test_lookup_order(tmp_home, tmp_path):
