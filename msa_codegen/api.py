@@ -15,6 +15,7 @@ import torch
 from . import config as _config
 from .autograd import run, run_compiled
 from .config import as_list
+from .heuristics import SHORT_BUCKET_KEYS
 from .kernels.render import interpreting
 from .pattern.lowering import MAX_SEQLEN
 from .pattern.spec import Pattern, parse
@@ -223,7 +224,12 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
         run_time["cu_seqlens"] = None
         positional = segments = classes = False
-    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes)
+    short = False
+    if segments and not classes:
+        # hash buckets: their mean length (checked once per tensor version) picks the launch default
+        short = prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device,
+                        **run_time).bucket_keys <= SHORT_BUCKET_KEYS
+    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes, short)
     dynamic = positional or block_indices is not None or plan.has_topk
     if autotune:
         if dynamic:
@@ -231,7 +237,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
                              "positions, buckets, topk) the kernels depend on the data: tune the plain pattern "
                              "(msa-tune --pattern ...) and call without autotune")
         _autotuner(q, k, plan.pattern_text)
-        plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes)
+        plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes, short)
     forced = _config.override()
     cfg = plan.config if forced is None else forced
     if not dynamic:
@@ -274,8 +280,9 @@ def _compiled_plan(pattern: str, device: str, dtype: str, head_dim: int, hq: int
                    positional: bool, segments: bool, classes: bool) -> tuple:
     # Called eagerly under torch.compile (its result is a constant of the graph): building a
     # plan parses, lowers and reads the tuning databases, none of which may be traced.
+    # the buckets' lengths are data, unknown here: bucketed calls take the short buckets' default
     plan = plan_for(pattern, torch.device(device), getattr(torch, dtype), head_dim, hq, hkv, seqlen, positional,
-                    segments, classes)
+                    segments, classes, segments and not classes)
     return plan.pattern_text, plan.config_list, plan.has_topk, plan.has_random
 
 
@@ -308,9 +315,11 @@ def explain(q, k, v, pattern="causal", *, proxy_heads: int | None = None, bucket
     database's row of the group's ``msa=T`` spec (``.msa``, keyed by the group's query heads per proxy
     head: ``proxy_heads`` is the group's Hp, default one per key/value head) or the defaults of
     ``msa_codegen.msa.launch``, the other heads' pattern as above. ``buckets=True``: for a call
-    that passes ``q_bucket`` / ``k_bucket``, which runs the heuristic default of bucketed rows (no
-    database row: the tuner measures patterns without buckets). Inside ``use_config(...)`` the
-    forced configuration is reported. Example::
+    that passes ``q_bucket`` / ``k_bucket`` whose buckets hold at most
+    ``heuristics.SHORT_BUCKET_KEYS`` keys on average, which runs the heuristic default of short
+    buckets and no database row (the tuner measures patterns without buckets); longer buckets run
+    what ``buckets=False`` reports. Inside ``use_config(...)`` the forced configuration is
+    reported. Example::
 
         >>> print(msa_codegen.explain(q, k, v, "window=4096,dilation=2"))   # doctest: +SKIP
     """

@@ -62,6 +62,12 @@ def hopper_sized(device: torch.device, capability: str | None = None) -> bool:
 #: pointer loads, sm_120: the forward 139,520, dq 131,072); GPUs with less get smaller tiles
 FP32_WIDE_SHARED = 139520
 
+#: Hash buckets of at most this many keys on average (``Dynamic.bucket_keys``) run the launch default
+#: of short rows (``default_config(..., buckets=True)``); longer ones run as their pattern without
+#: buckets. H200, causal, D=128, N=16384: the short-row tiles took 0.72x / 0.89x the forward time
+#: of the dense ones at 512 / 2048 keys per bucket, 1.11x at 8192 (4096 not timed)
+SHORT_BUCKET_KEYS = 4096
+
 #: A window whose band (keys of one class a query row can see: the window causal, twice it in both
 #: directions) is narrower than this runs its forward in 64 x 64 tiles on Hopper (default_config)
 NARROW_BAND = 2048
@@ -91,7 +97,8 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
                    buckets: bool = False) -> LaunchConfig:
     """Heuristic launch parameters until a tuned one exists (``capability``: of a named GPU, when
     it is not this machine's; ``pattern``: the call's, for the narrow-band forward rule;
-    ``buckets``: the call passes ``q_bucket`` / ``k_bucket``, whose rows see only their bucket).
+    ``buckets``: the call passes ``q_bucket`` / ``k_bucket`` whose buckets are short
+    (``SHORT_BUCKET_KEYS``): its rows see only their bucket).
 
     The fastest of hand sweeps on an H200 (benchmarks/sweep.py; the figures in docs/performance.md)
     for head dims 64 and 128; the others are the spill-free shapes of ptxas's report for sm_90.

@@ -85,11 +85,14 @@ tuning_lookup.on_reload(clear)
 
 
 def plan_for(pattern: str | Pattern, device: torch.device, dtype: torch.dtype, head_dim: int, hq: int, hkv: int,
-             seqlen: int, positional: bool = False, segments: bool = False, classes: bool = False) -> AttentionPlan:
-    """The plan of a call (built on the first call of its key). Raises PatternError / ValueError
-    for a pattern that does not parse or whose head groups do not cover ``hq`` heads."""
+             seqlen: int, positional: bool = False, segments: bool = False, classes: bool = False,
+             short_buckets: bool = False) -> AttentionPlan:
+    """The plan of a call (built on the first call of its key). ``short_buckets``: the call's hash
+    buckets are short (``heuristics.SHORT_BUCKET_KEYS``), which picks their launch default and no
+    database row. Raises PatternError / ValueError for a pattern that does not parse or whose head
+    groups do not cover ``hq`` heads."""
     key = (pattern, device, dtype, head_dim, hq, hkv, length_bucket(seqlen) if seqlen > 0 else 0,
-           positional, segments, classes)
+           positional, segments, classes, bool(short_buckets))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _build(key)
@@ -97,7 +100,7 @@ def plan_for(pattern: str | Pattern, device: torch.device, dtype: torch.dtype, h
 
 
 def _build(key: tuple) -> AttentionPlan:
-    pattern, device, dtype, head_dim, hq, hkv, bucket, positional, segments, classes = key
+    pattern, device, dtype, head_dim, hq, hkv, bucket, positional, segments, classes, short_buckets = key
     pat = parse(pattern)
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads, got Hq={hq}, Hkv={hkv}")
@@ -106,9 +109,7 @@ def _build(key: tuple) -> AttentionPlan:
                    for h0, h1, spec in pat.head_groups(hq))   # ValueError when they do not cover hq heads
     group = hq // hkv
     text = str(pat)
-    # segments without classes: hash buckets (cu_seqlens gives both)
-    res = tuning_lookup.lookup(device, text, head_dim, dtype, group, max(bucket, 1),
-                               buckets=segments and not classes)
+    res = tuning_lookup.lookup(device, text, head_dim, dtype, group, max(bucket, 1), buckets=short_buckets)
     cfg = res.config
     return AttentionPlan(
         key=key, pattern=pat, pattern_text=text, groups=groups,

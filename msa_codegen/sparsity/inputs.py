@@ -56,7 +56,9 @@ class Dynamic:
     """Normalised run-time inputs. Tensors are int32 (or None), broadcast views, never copies of q/k/v.
 
     ``q_pos`` ``(B|1, Hq|1, Nq)``, ``k_pos`` ``(B|1, Hkv|1, Nk)``, ``q_seg`` / ``k_seg`` likewise or None;
-    ``block_indices`` ``(B, Hkv, nqb, K)`` or None.
+    ``block_indices`` ``(B, Hkv, nqb, K)`` or None. ``bucket_keys``: with hash buckets, the mean
+    number of keys per bucket of a key row (``Nk`` x rows / distinct (row, bucket) pairs), which
+    picks the launch default (``heuristics.SHORT_BUCKET_KEYS``); 0 without buckets.
     """
 
     nq: int
@@ -66,6 +68,7 @@ class Dynamic:
     q_seg: torch.Tensor | None = None
     k_seg: torch.Tensor | None = None
     block_indices: torch.Tensor | None = None
+    bucket_keys: float = 0.0
     what: str = ""   # which inputs were given, for messages
     #: the caller's position/bucket tensors per side, whose order ``check_sorted`` checks (empty
     #: for cu_seqlens and for arange positions: sorted by construction)
@@ -244,6 +247,10 @@ def normalize(groups, b: int, hq: int, hkv: int, nq: int, nk: int, device=None, 
         dyn.q_seg, dyn.k_seg = _row_pair("bucket", q_bucket, k_bucket, MAX_BUCKET, b, hq, hkv, nq, nk, device)
         dyn.q_sources += (q_bucket,)
         dyn.k_sources += (k_bucket,)
+        ks = dyn.k_seg
+        rows = ks.shape[0] * ks.shape[1]
+        changes = int((ks[..., 1:] != ks[..., :-1]).sum()) if nk > 1 else 0   # one host sync
+        dyn.bucket_keys = rows * nk / (rows + changes)
         if dyn.q_pos is None:
             dyn.q_pos = torch.arange(nq, device=dyn.q_seg.device, dtype=torch.int32).view(1, 1, nq)
             dyn.k_pos = torch.arange(nk, device=dyn.k_seg.device, dtype=torch.int32).view(1, 1, nk)

@@ -9,8 +9,9 @@ Order, per direction (forward and backward are separate rows):
    database first);
 5. the heuristic default (``heuristics.default_config``).
 
-A call with hash buckets (``q_bucket`` / ``k_bucket``) takes the heuristic default of bucketed rows
-and no database row: the tuner measures a pattern without buckets, whose rows are longer.
+A call with short hash buckets (``q_bucket`` / ``k_bucket``, ``heuristics.SHORT_BUCKET_KEYS``) takes
+the heuristic default of short buckets and no database row: the tuner measures a pattern without
+buckets, whose rows are longer. Longer buckets are looked up as the pattern.
 
 An msa pattern (one group ``msa=T[,block=B]``, what ``msa_attention`` runs) is looked up the same
 way; its rows hold the fields of ``msa.launch.MsaConfig`` (``keys.MSA_FIELDS``: fwd the selection's
@@ -277,7 +278,7 @@ def lookup_for_gpu(gpu: str, capability: str, pattern, head_dim: int, dtype, gro
 
     ``cuda`` selects the heuristic family (default: any GPU but ``cpu-interpreter``); ``db``
     is the user database (default ``$MSA_CODEGEN_HOME/tuning.db``); ``buckets``: a call with
-    ``q_bucket`` / ``k_bucket`` (the heuristic default, no row). Kept until ``reload()``.
+    short hash buckets (their heuristic default, no row). Kept until ``reload()``.
     """
     if cuda is None:
         cuda = gpu != _gpu.INTERPRETER
@@ -290,7 +291,7 @@ def lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int, bucke
     """What a call on ``device`` runs: the one question the core asks of the tuning database.
 
     ``group``: query heads per key/value head; for an msa pattern (``msa_attention``), query heads
-    per proxy head, H / Hp. ``buckets``: the call passes ``q_bucket`` / ``k_bucket``.
+    per proxy head, H / Hp. ``buckets``: the call's hash buckets are short (``plan.plan_for``).
 
     Returns a ``Resolution``: ``.fwd`` / ``.bwd`` (``Choice``: ``.config`` and ``.source``),
     ``.config`` (the ``LaunchConfig``) and ``.source``. Kept until ``reload()``."""

@@ -68,11 +68,13 @@ def test_d256_window_backward_default():
     assert default_config(cuda, 128, bf16, "9.0", "window=4096").bwd == default_config(cuda, 128, bf16, "9.0").bwd
 
 
-def test_bucketed_rows_default_and_no_row(tmp_home):
-    """A call with hash buckets: on Hopper at head dims 64 < D <= 128 the short-row tiles, in both
-    directions; no database row (the tuner measures patterns without buckets), for attention's
-    plan and explain alike."""
-    from msa_codegen.plan import plan_for
+def test_bucketed_rows_default_and_no_row(tmp_home, monkeypatch):
+    """A call with short hash buckets: on Hopper at head dims 64 < D <= 128 the short-row tiles,
+    in both directions, and no database row (the tuner measures patterns without buckets), for
+    attention's plan and explain alike. Buckets longer than SHORT_BUCKET_KEYS on average run as
+    the pattern (its rows, its default)."""
+    from msa_codegen import api, plan as plan_mod
+    from msa_codegen.sparsity.inputs import prepare
 
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
     hashed = default_config(cuda, 128, bf16, "9.0", "causal", buckets=True)
@@ -86,16 +88,34 @@ def test_bucketed_rows_default_and_no_row(tmp_home):
     res = which(buckets=True)
     assert res.source == "heuristic default" and res.config == default_config(cuda, 128, bf16, "9.0", PATTERN,
                                                                               buckets=True)
-    # attention's plans: cu_seqlens (segments and classes) keeps the row, buckets do not
+    # plans: short buckets take no row; long buckets and cu_seqlens keep it
     put(tmp_home / "tuning.db", row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16,
                                     gqa_group=2, bucket_=1024))
-    plans = {kind: plan_for(PATTERN, torch.device("cpu"), torch.float32, 16, 2, 1, 40, True, True, classes)
-             for kind, classes in (("docs", True), ("buckets", False))}
-    assert plans["docs"].resolution.fwd.source.startswith("user db")
-    assert plans["buckets"].source == "heuristic default"
+    cpu, f32 = torch.device("cpu"), torch.float32
+    assert plan_mod.plan_for(PATTERN, cpu, f32, 16, 2, 1, 40, True, True, False, True).source == "heuristic default"
+    for classes, short in ((False, False), (True, False)):
+        plan = plan_mod.plan_for(PATTERN, cpu, f32, 16, 2, 1, 40, True, True, classes, short)
+        assert plan.resolution.fwd.source.startswith("user db"), (classes, short)
     q, k = torch.randn(1, 2, 40, 16), torch.randn(1, 1, 40, 16)
     assert msa.explain(q, k, k, PATTERN).fwd.source.startswith("user db")
     assert msa.explain(q, k, k, PATTERN, buckets=True).source == "heuristic default"
+
+    # the mean keys per bucket of a key row, and attention's choice from it
+    groups = msa.parse(PATTERN).head_groups(2)
+    qb = torch.tensor([0] * 13 + [1] * 7 + [3] * 20, dtype=torch.int32)   # 3 buckets in 40 rows
+    kb = torch.stack([qb, torch.tensor([0] * 10 + [1] * 10 + [2] * 10 + [5] * 10, dtype=torch.int32)]).view(1, 2, 40)
+    kb2 = kb[:, :1]
+    assert prepare(groups, 1, 2, 1, 40, 40, None, q_bucket=qb, k_bucket=qb).bucket_keys == 40 / 3
+    assert prepare(msa.parse(PATTERN).head_groups(4), 1, 4, 2, 40, 40, None, q_bucket=qb,
+                   k_bucket=kb).bucket_keys == 80 / 7
+    assert prepare(groups, 1, 2, 1, 40, 40, None, q_bucket=qb, k_bucket=kb2).bucket_keys == 40 / 3
+    assert prepare(groups, 1, 2, 1, 40, 40, None, q_pos=torch.arange(40), k_pos=torch.arange(40)).bucket_keys == 0
+    v = torch.randn(1, 1, 40, 16)
+    for limit, short in ((4096, True), (13, False)):
+        monkeypatch.setattr(api, "SHORT_BUCKET_KEYS", limit)
+        plan_mod.clear()
+        msa.attention(q, k, v, PATTERN, q_bucket=qb, k_bucket=qb)
+        assert [key[-1] for key in plan_mod._PLANS] == [short], limit
 
 
 # ---- lookup order -----------------------------------------------------------------------------
