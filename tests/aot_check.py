@@ -3,7 +3,7 @@
 Run as a script in a process without TRITON_INTERPRET: ``python aot_check.py PATTERN FLAGS...``
 (FLAGS: ``positional``, ``segments``, ``classes``; ``tma``: the plain forward's tensor-descriptor loads;
 ``launch``: instead of small tiles, head dim 128 (``hd=N``: N) in bf16 at the default launch
-configuration of an H200, specialised as a GPU launch specialises contiguous tensors: strides of 1 and a GQA group of 1
+configuration of an H200 (with ``segments`` and no ``classes``, hash buckets: the short buckets' one too), specialised as a GPU launch specialises contiguous tensors: strides of 1 and a GQA group of 1
 become constants, the rest divisible by 16, as ``tuning.resources`` compiles a candidate). The
 interpreter accepts code that the GPU compiler rejects (loop-carried types, scalar/tensor mixing),
 and ptxas can fail on code that compiles at other sizes (Triton 3.6's ptxas 12.8 crashed with
@@ -58,17 +58,20 @@ def compile_launch(plan, pattern, tma, head_dim=128):
     from msa_codegen.kernels.schedule import block_d
     from msa_codegen.tuning import resources
 
-    cfg = default_config(torch.device("cuda"), head_dim, torch.bfloat16, capability="9.0", pattern=pattern)
+    # hash buckets (segments without classes) run the short buckets' default or, for long ones,
+    # the pattern's: both
+    cfgs = {default_config(torch.device("cuda"), head_dim, torch.bfloat16, capability="9.0", pattern=pattern,
+                           buckets=buckets) for buckets in {False, plan.segments and not plan.classes}}
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
     bd = block_d(head_dim)
     common = dict(HEAD_DIM=head_dim, BLOCK_D=bd, DOT_PREC="tf32", TMA=tma, FOLD=True, DS=False, HAS_DLSE=False,
                   PREFIX_TILES=False)
-    f, b = cfg.fwd, cfg.bwd
     # the stats pass (msa_bwd_pre) launches with 64-row tiles and Triton's default warps and stages
-    jobs = [(fwd.msa_fwd, dict(BLOCK_M=f.block_m, BLOCK_N=f.block_n), f.num_warps, f.num_stages),
-            (bwd.msa_bwd_pre, dict(BLOCK_M=64), 4, 3),
-            (bwd.msa_bwd_dkdv, dict(BLOCK_M=b.block_m1, BLOCK_N=b.block_n1), b.num_warps1, b.num_stages1),
-            (bwd.msa_bwd_dq, dict(BLOCK_M=b.block_m2, BLOCK_N=b.block_n2), b.num_warps2, b.num_stages2)]
+    jobs = [(bwd.msa_bwd_pre, dict(BLOCK_M=64), 4, 3)]
+    for f, b in ((c.fwd, c.bwd) for c in cfgs):
+        jobs += [(fwd.msa_fwd, dict(BLOCK_M=f.block_m, BLOCK_N=f.block_n), f.num_warps, f.num_stages),
+                 (bwd.msa_bwd_dkdv, dict(BLOCK_M=b.block_m1, BLOCK_N=b.block_n1), b.num_warps1, b.num_stages1),
+                 (bwd.msa_bwd_dq, dict(BLOCK_M=b.block_m2, BLOCK_N=b.block_n2), b.num_warps2, b.num_stages2)]
     for kern, tiles, warps, stages in jobs:
         names = {n for i, n in enumerate(kern.arg_names) if kern.params[i].is_constexpr}
         consts = {k: v for k, v in {**common, **tiles}.items() if k in names}

@@ -583,11 +583,12 @@ def test_torch_compile_and_opcheck(device):
     ("window=64,dilation=2,sink=4,topk=2,block=64", ("positional", "segments", "tma")),
     ("causal", ("positional", "segments")),
     ("causal", ("positional", "segments", "tma", "launch")),
+    ("causal=false", ("positional", "segments", "tma", "launch")),
     ("window=4096,sink=64", ("positional", "segments", "tma", "launch")),
     ("causal=false,window=512,dilation=2,sink=4", ("positional", "segments", "classes", "tma", "launch")),
     ("window=256,sink=16,topk=4,block=64", ("positional", "segments", "tma", "launch")),
 ], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random",
-        "tma-dilated-sink-scratch", "pos-seg-tma", "pos-seg-dense-hash", "launch-hash", "launch-window-sink",
+        "tma-dilated-sink-scratch", "pos-seg-tma", "pos-seg-dense-hash", "launch-hash", "launch-hash-bidir", "launch-window-sink",
         "launch-classes-bidir", "launch-pos-topk-b64"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed.
