@@ -584,19 +584,22 @@ def test_torch_compile_and_opcheck(device):
     ("causal", ("positional", "segments")),
     ("causal", ("positional", "segments", "tma", "launch")),
     ("causal=false", ("positional", "segments", "tma", "launch")),
+    ("causal", ("positional", "segments", "tma", "launch", "hd=64")),
     ("window=4096,sink=64", ("positional", "segments", "tma", "launch")),
     ("causal=false,window=512,dilation=2,sink=4", ("positional", "segments", "classes", "tma", "launch")),
     ("window=256,sink=16,topk=4,block=64", ("positional", "segments", "tma", "launch")),
 ], ids=["pos-seg-all-terms", "plain-topk", "docs-classes-bidir", "tma-dilated-sink-topk", "tma-global-random",
-        "tma-dilated-sink-scratch", "pos-seg-tma", "pos-seg-dense-hash", "launch-hash", "launch-hash-bidir", "launch-window-sink",
-        "launch-classes-bidir", "launch-pos-topk-b64"])
+        "tma-dilated-sink-scratch", "pos-seg-tma", "pos-seg-dense-hash", "launch-hash", "launch-hash-bidir",
+        "launch-hash-d64", "launch-window-sink", "launch-classes-bidir", "launch-pos-topk-b64"])
 def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     """The new kernels through Triton's GPU compiler (sm_90, bundled ptxas), no GPU needed.
 
     ``launch``: at the H200's default launch configuration for D=128 bf16, specialised as a launch
     is (aot_check.py). CI's oldest-pair job runs these too: with Triton 3.6, ptxas crashed on a
     positional forward that Triton 3.9 compiled, and the pipeliner failed on the positional dk/dv
-    kernel of top-k / random blocks of 64 rows (launch-pos-topk-b64)."""
+    kernel of top-k / random blocks of 64 rows (launch-pos-topk-b64). The hash launches at head
+    dims 128 and 64 (launch-hash, launch-hash-d64): two variants of the dense positional kernels
+    with one search fewer crashed 3.6's ptxas, one of them at D=64 only (docs/performance.md)."""
     r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
 
