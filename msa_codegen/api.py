@@ -156,6 +156,8 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             ranges).
         q_bucket, k_bucket: int32/int64, shaped like the positions: a query sees a key only when
             their buckets are equal. Rows sorted by (bucket, position) (``hash_sort`` does it).
+            Buckets of at most ``heuristics.SHORT_BUCKET_KEYS`` keys on average run a launch
+            default of their own and no tuning-database row (``explain(..., buckets=True)``).
         block_indices: int32 ``(B, Hkv, ceil(Nq / block), K)`` key-block ids per query block and
             KV head for the pattern term ``topk=K`` (-1 unused, any order, duplicates allowed);
             ``select_blocks`` computes them. Blocks are blocks of rows of the tensors as passed.
