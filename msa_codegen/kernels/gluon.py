@@ -5,7 +5,7 @@ from a head group's ``KernelPlan``, written in Triton's Gluon (``triton.experime
 a persistent, warp-specialised kernel (a 1-warp TMA producer, two 4-warp ``warpgroup_mma``
 consumers of 64 query rows each, mbarrier rings), derived from ``benchmarks/gluon_probe.py``'s
 ``attn_ws2pf`` (582 TFLOP/s against the Triton forward's 495 on the H200, causal
-``window=4096``, D=128; docs/performance.md "Gluon on Hopper"). Its outputs are the Triton
+``window=4096``, D=128; benchmarks/NOTES.md "Gluon on Hopper"). Its outputs are the Triton
 forward's: o in q's layout and the LSE (B, Hq, N) fp32 in natural-log units of the scaled
 scores, so the Triton backward runs on them unchanged.
 
