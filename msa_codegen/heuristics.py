@@ -148,7 +148,8 @@ def default_config(device: torch.device, head_dim: int, dtype: torch.dtype,
             # --hash-buckets 8, 2026-12-03): forward (64, 64, 4, 2) 0.215 ms against 0.270 for
             # (128, 128, 8, 3) at N=8192, 0.565 against 0.636 at N=16384; backward at N=8192
             # dk/dv (32, 64, 4, 2) 0.612 against 0.632 for (64, 64, 4, 2), dq (64, 64, 4, 2) 0.587
-            # against 0.632 for (128, 64, 8, 3)
+            # against 0.632 for (128, 64, 8, 3). Windows, sinks and other terms with buckets take
+            # it untimed (their rows are no longer than the bucket either)
             return LaunchConfig(FwdConfig(64, 64, 4, 2), BwdConfig(32, 64, 4, 2, 64, 64, 4, 2))
         if not hopper_sized(device, capability):
             fwd = FwdConfig(128, 64, 8, 3)
