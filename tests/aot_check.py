@@ -1,13 +1,15 @@
 """Compile a plan's generated kernels for an sm_90 GPU without a GPU (Triton's bundled ptxas).
 
 Run as a script in a process without TRITON_INTERPRET: ``python aot_check.py PATTERN FLAGS...``
-(FLAGS: ``positional``, ``segments``, ``classes``; ``tma``: the plain forward's tensor-descriptor loads;
-``launch``: instead of small tiles, head dim 128 (``hd=N``: N) in bf16 at the default launch
-configuration of an H200 (with ``segments`` and no ``classes``, hash buckets: the short buckets' one too), specialised as a GPU launch specialises contiguous tensors: strides of 1 and a GQA group of 1
-become constants, the rest divisible by 16, as ``tuning.resources`` compiles a candidate). The
-interpreter accepts code that the GPU compiler rejects (loop-carried types, scalar/tensor mixing),
-and ptxas can fail on code that compiles at other sizes (Triton 3.6's ptxas 12.8 crashed with
-SIGSEGV on a dense positional forward at the launch configuration that compiled at 64-row tiles);
+(FLAGS: ``positional``, ``segments``, ``classes``; ``tma``: the plain forward's tensor-descriptor
+loads; ``launch``: instead of small tiles, head dim 128 (``hd=N``: N) in bf16 (``fp16``: fp16)
+with a GQA group of 1 (``group=G``: G) at the default launch configuration of an H200 (with
+``segments`` and no ``classes``, hash buckets: the short buckets' one too), specialised as a GPU
+launch specialises contiguous tensors: strides of 1 and a GQA group of 1 become constants, the
+rest divisible by 16, as ``tuning.resources`` compiles a candidate). The interpreter accepts code
+that the GPU compiler rejects (loop-carried types, scalar/tensor mixing), and ptxas can fail on
+code that compiles at other sizes (Triton 3.6's ptxas 12.8 crashed with SIGSEGV on a dense
+positional forward at the launch configuration that compiled at 64-row tiles);
 this catches both on machines without CUDA.
 """
 import sys
@@ -50,8 +52,9 @@ def compile_kernel(kern, dtype="bf16", tma=False, constexprs=None, options=None)
                           options=options)
 
 
-def compile_launch(plan, pattern, tma, head_dim=128):
-    """``plan``'s kernels at ``head_dim``, bf16, as an H200 launches them by default."""
+def compile_launch(plan, pattern, tma, head_dim=128, dtype="bf16", group=1):
+    """``plan``'s kernels at ``head_dim`` in ``dtype`` (bf16 / fp16) with GQA ``group``, as an H200
+    launches them by default."""
     import torch
 
     from msa_codegen.heuristics import default_config
@@ -60,7 +63,8 @@ def compile_launch(plan, pattern, tma, head_dim=128):
 
     # hash buckets (segments without classes) run the short buckets' default or, for long ones,
     # the pattern's: both
-    cfgs = {default_config(torch.device("cuda"), head_dim, torch.bfloat16, capability="9.0", pattern=pattern,
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    cfgs = {default_config(torch.device("cuda"), head_dim, tdtype, capability="9.0", pattern=pattern,
                            buckets=buckets) for buckets in {False, plan.segments and not plan.classes}}
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
     bd = block_d(head_dim)
@@ -76,7 +80,8 @@ def compile_launch(plan, pattern, tma, head_dim=128):
         names = {n for i, n in enumerate(kern.arg_names) if kern.params[i].is_constexpr}
         consts = {k: v for k, v in {**common, **tiles}.items() if k in names}
         # the tuner's ahead-of-time compile (launch specialisation, fp fusion; cached per kernel key)
-        resources.kernel_shared(kern, consts, num_warps=warps, num_stages=stages, capability="9.0")
+        resources.kernel_shared(kern, consts, num_warps=warps, num_stages=stages, capability="9.0", dtype_name=dtype,
+                                group=group)
 
 
 def main(pattern, *flags):
@@ -84,7 +89,9 @@ def main(pattern, *flags):
                  classes="classes" in flags)
     if "launch" in flags:
         hd = [int(f[3:]) for f in flags if f.startswith("hd=")]
-        compile_launch(plan, pattern, tma="tma" in flags, head_dim=hd[0] if hd else 128)
+        group = [int(f[6:]) for f in flags if f.startswith("group=")]
+        compile_launch(plan, pattern, tma="tma" in flags, head_dim=hd[0] if hd else 128,
+                       dtype="fp16" if "fp16" in flags else "bf16", group=group[0] if group else 1)
         print("compiled", pattern, *flags)
         return
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")

@@ -583,7 +583,7 @@ def test_torch_compile_and_opcheck(device):
     ("window=64,dilation=2,sink=4,topk=2,block=64", ("positional", "segments", "tma")),
     ("causal", ("positional", "segments")),
     ("causal", ("positional", "segments", "tma", "launch")),
-    ("causal=false", ("positional", "segments", "tma", "launch")),
+    ("causal=false", ("positional", "segments", "tma", "launch", "fp16", "group=2")),
     ("causal", ("positional", "segments", "tma", "launch", "hd=64")),
     ("window=4096,sink=64", ("positional", "segments", "tma", "launch")),
     ("causal=false,window=512,dilation=2,sink=4", ("positional", "segments", "classes", "tma", "launch")),
@@ -598,8 +598,9 @@ def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     is (aot_check.py). CI's oldest-pair job runs these too: with Triton 3.6, ptxas crashed on a
     positional forward that Triton 3.9 compiled, and the pipeliner failed on the positional dk/dv
     kernel of top-k / random blocks of 64 rows (launch-pos-topk-b64). The hash launches at head
-    dims 128 and 64 (launch-hash, launch-hash-d64): two variants of the dense positional kernels
-    with one search fewer crashed 3.6's ptxas, one of them at D=64 only (docs/performance.md)."""
+    dims 128 and 64 and bidirectional in fp16 with GQA 2 (launch-hash, launch-hash-d64,
+    launch-hash-bidir): variants of the dense positional kernels with one search fewer crashed
+    3.6's ptxas at D=64 and in that fp16 dq only (docs/performance.md)."""
     r = run_sm90_script("aot_check.py", pattern, *flags, env={"MSA_CODEGEN_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
 
