@@ -226,11 +226,11 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
         run_time["cu_seqlens"] = None
         positional = segments = classes = False
-    short = False
+    dyn, short = None, False
     if segments and not classes:
         # hash buckets: their mean length (checked once per tensor version) picks the launch default
-        short = prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device,
-                        **run_time).bucket_keys <= SHORT_BUCKET_KEYS
+        dyn = prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
+        short = dyn.bucket_keys <= SHORT_BUCKET_KEYS
     plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, nq, positional, segments, classes, short)
     dynamic = positional or block_indices is not None or plan.has_topk
     if autotune:
@@ -245,7 +245,8 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     if not dynamic:
         out, lse = run(q, k, v, plan, scale, cfg)
         return (out, lse) if return_lse else out
-    dyn = prepare(plan.head_groups, b, hq, hkv, nq, nk, q.device, **run_time)
+    if dyn is None:
+        dyn = prepare(plan.head_groups, b, hq, hkv, nq, nk, q.device, **run_time)
     if dyn.positional and nq != nk and plan.has_random:
         raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
     # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
