@@ -4,11 +4,12 @@
     PYTHONPATH=$PWD python benchmarks/select_probe.py --n 131072 --rep 200
 
 bf16 q and k, B=1, H=16 (one KV head per query head), D=128, top-16 of 128-blocks, causal: the
-shape of bench_dynamic's topk16 rows. The block means are computed once (their kernel is timed on
-its own); each variant of ``block_select_kernel`` (rows per program BLOCK_M, candidates per step
-BLOCK_N, warps, and merge_top's sort-and-merge against insert_keys's insertion, INSERT) is timed
-with triton.testing.do_bench (median, L2 flushed) and its indices compared with the default's.
-A variant that does not compile is reported and skipped.
+shape of bench_dynamic's topk16 rows. The block means' kernel is timed in its variants (rows
+summed per step, warps) for q and k together; each variant of ``block_select_kernel`` (rows per
+program BLOCK_M, candidates per step BLOCK_N, warps, merge_top's sort-and-merge against
+insert_keys's insertion, INSERT, and the scores' product precision, DOT_PREC) is timed with
+triton.testing.do_bench (median, L2 flushed) and its indices compared with float32 products'
+(the first variant). A variant that does not compile is reported and skipped.
 """
 import argparse
 
@@ -17,10 +18,13 @@ import triton.testing
 
 from msa_codegen.sparsity import selection
 
-# (INSERT, BLOCK_M, BLOCK_N, num_warps); the first is the launcher's default for K=16
-VARIANTS = [(False, 16, 16, 1), (False, 64, 16, 4), (False, 32, 16, 4), (False, 32, 16, 2), (False, 16, 16, 2),
-            (True, 64, 16, 4), (True, 64, 64, 4), (True, 32, 32, 2), (True, 32, 64, 4), (True, 16, 32, 1),
-            (True, 16, 64, 2), (True, 16, 128, 2)]
+# (INSERT, BLOCK_M, BLOCK_N, num_warps, options); the first is the reference the others' indices are
+# compared with (float32 products, ``ieee``); the others take the launcher's DOT_PREC (tf32x3) unless
+# given; the last (tf32, one product) bounds what the product costs
+VARIANTS = [(False, 16, 16, 1, dict(DOT_PREC="ieee")), (False, 16, 16, 1, {}), (False, 64, 16, 4, {}),
+            (True, 16, 64, 2, {}), (True, 64, 64, 4, {}), (True, 128, 64, 8, {}), (True, 64, 64, 4, dict(DOT_PREC="tf32"))]
+# the block means' kernel: (rows summed per step BLOCK_R, num_warps); the first is the launcher's
+MEANS = [(128, 4), (64, 4), (32, 4), (128, 8)]
 
 
 def main():
@@ -35,21 +39,36 @@ def main():
         g = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        means_ms = triton.testing.do_bench(lambda: (selection._block_means(q, block), selection._block_means(k, block)),
-                                           rep=a.rep, return_mode="median")
+        means = []
+        for br, warps in MEANS:
+            meta = dict(selection._means_meta(d, block, 1), BLOCK_R=br, num_warps=warps)
+            qm = torch.empty(1, h, triton.cdiv(n, block), d, device="cuda")
+
+            def run_means():
+                for x in (q, k):
+                    selection._kernels().block_means_kernel[(qm.shape[2], h)](
+                        x, qm, x.stride(0), x.stride(1), x.stride(2), n, qm.shape[2], h, **meta)
+            run_means()
+            torch.cuda.synchronize()
+            ok = torch.equal(qm, selection._block_means(k, block))
+            means.append((f"block means (q and k), {br} rows a step, {warps} warps",
+                          triton.testing.do_bench(run_means, rep=a.rep, return_mode="median"),
+                          "same as the launcher's" if ok else "DIFFERENT from the launcher's"))
         qm, km = selection._block_means(q, block), selection._block_means(k, block)
         del q, k
         nb = qm.shape[2]
         base = selection._select_meta(d, topk, True)
         ref = None
-        for insert, bm, bn, warps in VARIANTS:
-            meta = dict(base, INSERT=insert, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
+        for insert, bm, bn, warps, opts in VARIANTS:
+            meta = dict(base, INSERT=insert, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **opts)
+            extra = ", ".join(f"{k}={v}" for k, v in opts.items() if k != "DOT_PREC")
             out = torch.full((1, h, nb, topk), -1, dtype=torch.int32, device="cuda")
             grid = (triton.cdiv(nb, bm), h)
 
             def run():
                 kern[grid](qm, km, out, nb, topk, topk, **meta)
-            name = f"{'insert' if insert else 'sort  '} {bm:3d} x {bn:3d}, {warps} warps"
+            name = (f"{'insert' if insert else 'sort  '} {bm:3d} x {bn:3d}, {warps} warps, {meta['DOT_PREC']}"
+                    + (f", {extra}" if extra else ""))
             try:
                 run()
                 torch.cuda.synchronize()
@@ -60,13 +79,13 @@ def main():
             if ref is None:
                 ref = out.clone()
             same = (out == ref).all(-1).float().mean().item()
-            rows.append((n, name, ms, f"{100 * same:.2f}% of rows as the default"))
-        rows.append((n, "block means (q and k)", means_ms, ""))
+            rows.append((n, name, ms, f"{100 * same:.2f}% of rows as the first (ieee)"))
+        rows += [(n, *m) for m in means]
         del qm, km
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}: H={h} D={d} top-{topk} of {block}-blocks, causal; ms (median)")
     for n, name, ms, note in rows:
-        print(f"N={n:8d}  {name:34s} {ms:9.3f} ms  {note}")
+        print(f"N={n:8d}  {name:62s} {ms:9.3f} ms  {note}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ keys of each row in registers, sorted descending, and walks the candidate blocks
 elementwise max with the running top (the W largest of both, a bitonic sequence), a bitonic
 merge. With INSERT the top is kept unsorted and a tile's keys go in by ``insert_keys`` (BLOCK_N
 may then exceed W), one sort at the end: the same result, fewer steps per tile once a row's top
-has settled (an option until it is timed on a GPU: ``benchmarks/select_probe.py``). Nothing
-N/block x N/block is stored: the extra memory is the pooled vectors and the output.
+has settled (the launcher's form for long rows; ``benchmarks/select_probe.py`` times both).
+Nothing N/block x N/block is stored: the extra memory is the pooled vectors and the output.
 """
 import triton
 import triton.language as tl

@@ -68,31 +68,49 @@ def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
 
 def _means_meta(d: int, block: int, group: int) -> dict:
     """The block-means kernel's constexprs and launch options: rows summed BLOCK_R at a time."""
-    return dict(G=group, D=d, BLOCK_D=block_d(d), BLOCK=block, BLOCK_R=min(64, max(16, pow2(block))),
+    bd = block_d(d)
+    # a whole 128-row block per step at D <= 128 (the float32 sum [BLOCK_R, BLOCK_D] within 16K
+    # elements, 128 registers a thread on 4 warps): q and k at N=131072 / 1048576 (H200, H=16,
+    # D=128, bf16, benchmarks/select_probe.py, 2026-12-03) 0.319 / 2.10 ms against 0.356 / 2.46
+    # with 64 rows; 8 warps were slower (0.391 / 2.81)
+    return dict(G=group, D=d, BLOCK_D=bd, BLOCK=block, BLOCK_R=min(128, 16384 // bd, max(16, pow2(block))),
                 num_warps=4)
 
 
-def _select_meta(d: int, slots: int, causal: bool) -> dict:
-    """The selection kernel's constexprs and launch options for ``slots`` kept keys per row.
+#: query blocks from which top-16 selection inserts into an unsorted top over wide tiles
+LONG_SELECT = 4096
+
+
+def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
+    """The selection kernel's constexprs and launch options for ``slots`` kept keys per row and
+    ``nb`` blocks.
 
     W (kept keys and candidates per step) is the power of two >= slots, at least 16 (tl.dot's
     smallest N). The running top and the tile's keys are [BLOCK_M, W] int64 in registers, so
-    fewer rows per program as W grows. Scores are full float32 products (``ieee``): the
-    ranking is that of float32 arithmetic, not of tf32's 10-bit mantissas.
+    fewer rows per program as W grows. Scores are products of the float32 means on the tensor
+    cores in three tf32 parts (``tf32x3``), about float32's precision: at N=131072 (random
+    bf16 q and k) 99.99% of the rows chose what float32 products (``ieee``) chose, the rest
+    differing only among near-equal scores; ``ieee`` took 3x as long.
     """
     w = max(16, pow2(slots))
     bd = block_d(d)
     # sm_90, Triton 3.6, ptxas -v (2026-12, offline): no spills with these rows and warps; W=32
     # with 4 warps spilled 1.8 KB, W=64 with 4 warps 2.5 KB
-    # W=16: 16 rows on one warp measured fastest of 12 variants (H200, H=16, D=128, top-16,
-    # benchmarks/select_probe.py, 2026-12-02): 0.580 ms at N=131072 (64 rows on 4 warps: 0.715)
-    # and 24.7 ms at N=1048576 (26.6); insertion with 64 candidates per step: 0.697 and 22.2
+    # W=16 (H200, H=16, D=128, top-16, benchmarks/select_probe.py, 2026-12-03): 16 rows on one
+    # warp, sorting and merging each tile of 16, was fastest at N=131072 (0.196 ms; ieee
+    # products 0.579); at N=1048576, 128 rows on 8 warps inserting from tiles of 64 (5.48 ms;
+    # the 16-row form 6.62, skipping tiles that change nothing 6.35). Sorting only tiles with
+    # more than 4 insertions, or the product 32 columns at a time, did not pay (same run)
     block_m = 16 if w <= 16 else 64 if w <= 32 else 32 if w <= 64 else 16
     # the pooled keys' float32 tile [BLOCK_N, BLOCK_D] within 32 KiB of shared memory (K=256 at
     # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
     block_n = max(16, min(w, 8192 // bd))
-    return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="ieee",
-                INSERT=False, num_warps=1 if w <= 16 else 8, num_stages=2)
+    warps, insert = (1 if w <= 16 else 8), False
+    if w <= 16 and nb >= LONG_SELECT:
+        # D=256: 64 rows (128 asked for 320 KiB of shared memory)
+        block_m, block_n, warps, insert = (128 if bd <= 128 else 64), max(16, min(64, 8192 // bd)), 8, True
+    return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="tf32x3",
+                INSERT=insert, num_warps=warps, num_stages=2)
 
 
 @torch.no_grad()
@@ -111,8 +129,10 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
         int32 ``(B, Hkv, ceil(N / block), K)``: per query block, its own block (always kept) and
         the highest-scoring other candidates, best first; among equal scores the lower block
         first; -1 where fewer than K blocks are candidates. Pass it as ``block_indices`` with
-        the pattern term ``topk=K,block=...``. Scores are float32 dot products of the float32
-        means (``reference.select_blocks_reference`` is the plain PyTorch definition).
+        the pattern term ``topk=K,block=...``. Scores are dot products of the float32 means at
+        about float32's precision (three tf32 tensor-core products), so blocks whose scores
+        differ by less than that may be ranked either way (``reference.select_blocks_reference``
+        is the plain PyTorch definition).
 
     Runs on CUDA (or in Triton's interpreter on the CPU); keeps at most ``MAX_SLOTS`` (1024)
     blocks per query block. Extra memory beyond the output: the
@@ -147,7 +167,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     qm = _block_means(q, block, hq // hkv)                             # (B, Hkv, nb, D)
     km = _block_means(k, block)                                        # (B, Hkv, nb, D)
     # a row has at most nb candidates: slots past them stay -1
-    meta = _select_meta(d, min(topk, nb), causal)
+    meta = _select_meta(d, min(topk, nb), causal, nb)
     grid = (cdiv(nb, meta["BLOCK_M"]), b * hkv)
     _kernels().block_select_kernel[grid](qm, km, out, nb, min(topk, meta["W"]), topk, **meta)
     return out

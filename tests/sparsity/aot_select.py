@@ -27,6 +27,10 @@ def main():
                               (256, selection.MAX_SLOTS, True)):
         jobs.append((k.block_select_kernel, selection._select_meta(d, slots, causal), "bf16",
                      f"D={d} K={slots} causal={causal}"))
+    # long rows: insertion from wide tiles into 128 rows
+    for d, causal in ((128, True), (128, False), (256, True), (64, True)):
+        jobs.append((k.block_select_kernel, selection._select_meta(d, 16, causal, selection.LONG_SELECT), "bf16",
+                     f"D={d} K=16 causal={causal} long rows"))
     # the insertion form (INSERT, an option until timed): wider tiles than W, fewer rows
     for block_m, block_n, warps in ((64, 16, 4), (16, 64, 2), (32, 32, 4)):
         meta = dict(selection._select_meta(128, 16, True), INSERT=True, BLOCK_M=block_m, BLOCK_N=block_n,

@@ -3,7 +3,7 @@ definition in float64 (sparsity.reference.select_blocks_reference).
 
 On the CPU the kernels run in Triton's interpreter; the case marked ``gpu`` runs N=131072 in
 bf16/fp16 on CUDA and bounds the extra memory. Random inputs are compared up to near-ties (the
-kernel ranks float32 scores, the reference float64 ones): position by position, the reference
+kernel ranks scores of about float32's precision, the reference float64 ones): position by position, the reference
 scores of the chosen blocks agree within a tolerance, and the -1 slots agree exactly. Integer
 inputs make every score exact in both, so there the indices, ties included, must be equal.
 """
@@ -81,6 +81,22 @@ def test_insertion_form_matches_float64_reference(n, hq, hkv, d, topk, block, ca
     ki = pats[torch.randint(0, 3, (23,), generator=gen)].reshape(1, 1, 23 * 16, 32)[:, :, :qi.shape[2]].contiguous()
     got = msa.select_blocks(qi.to(device), ki.to(device), 8, block=16, causal=causal)
     assert torch.equal(got.cpu(), select_blocks_reference(qi, ki, 8, 16, causal=causal))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_long_rows_form(causal, device, monkeypatch):
+    """From LONG_SELECT blocks on, top-16 inserts from wide tiles into 128 rows of an unsorted top
+    (lowered here to 100 blocks): the reference's selection, over several row and key tiles."""
+    assert selection._select_meta(128, 16, True, selection.LONG_SELECT)["INSERT"]
+    assert not selection._select_meta(128, 16, True, selection.LONG_SELECT - 1)["INSERT"]
+    assert not selection._select_meta(128, 32, True, selection.LONG_SELECT)["INSERT"]
+    monkeypatch.setattr(selection, "LONG_SELECT", 100)
+    assert selection._select_meta(32, 16, causal, 300)["BLOCK_M"] == 128
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 2, 300 * 8 - 3, 32, generator=gen)
+    k = torch.randn(1, 1, 300 * 8 - 3, 32, generator=gen)
+    idx = msa.select_blocks(q.to(device), k.to(device), 16, block=8, causal=causal)
+    assert_selects_like_reference(idx.cpu(), q, k, 16, 8, causal)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
