@@ -154,22 +154,11 @@ def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
         m_s = m_n[None, :] & (b_s > float("-inf"))
         if CAUSAL:
             m_s = m_s & (o_n[None, :] <= o_m[:, None])
+        key = score_key(b_s, o_n[None, :])
+        key = tl.where(o_n[None, :] == o_m[:, None], own_key(key), tl.where(m_s, key, EMPTY))
         if INSERT:
-            # a key enters only if its score is at least its row's smallest kept score: tested in
-            # float32, and the int64 keys are built only for a tile where some row has one
-            low = tl.min(top, axis=1)
-            low_hi = (low >> 32).to(tl.int32)
-            low_s = tl.where(low_hi >= 0, low_hi, low_hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-            low_s = tl.where(low == EMPTY, float("-inf"), low_s)
-            own = o_n[None, :] == o_m[:, None]
-            enter = (m_s & (b_s >= low_s[:, None])) | own
-            if tl.max(tl.max(enter.to(tl.int32), axis=1), axis=0) > 0:
-                key = score_key(b_s, o_n[None, :])
-                key = tl.where(own, own_key(key), tl.where(m_s, key, EMPTY))
-                top = insert_keys(top, key)
+            top = insert_keys(top, key)
         else:
-            key = score_key(b_s, o_n[None, :])
-            key = tl.where(o_n[None, :] == o_m[:, None], own_key(key), tl.where(m_s, key, EMPTY))
             if BLOCK_N < W:
                 key = _widen(key, W)
             top = merge_top(top, key)
