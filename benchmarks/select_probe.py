@@ -7,7 +7,8 @@ bf16 q and k, B=1, H=16 (one KV head per query head), D=128, top-16 of 128-block
 shape of bench_dynamic's topk16 rows. The block means' kernel is timed in its variants (rows
 summed per step, warps) for q and k together; each variant of ``block_select_kernel`` (rows per
 program BLOCK_M, candidates per step BLOCK_N, warps, merge_top's sort-and-merge against
-insert_keys's insertion, INSERT, and the scores' product precision, DOT_PREC) is timed with
+insert_keys's insertion, INSERT, the scores' product precision, DOT_PREC, and runs of a row tile's
+candidates, SPLIT, merged by block_merge_kernel) is timed with
 triton.testing.do_bench (median, L2 flushed) and its indices compared with float32 products'
 (the first variant). A variant that does not compile is reported and skipped.
 """
@@ -20,8 +21,10 @@ from msa_codegen.sparsity import selection
 
 # (INSERT, BLOCK_M, BLOCK_N, num_warps, options); the first is the reference the others' indices are
 # compared with (float32 products, ``ieee``); the others take the launcher's DOT_PREC (tf32x3) unless
-# given; the last (tf32, one product) bounds what the product costs
-VARIANTS = [(False, 16, 16, 1, dict(DOT_PREC="ieee")), (False, 16, 16, 1, {}), (False, 64, 16, 4, {}),
+# given; the last (tf32, one product) bounds what the product costs. SPLIT: runs of a row tile's
+# candidates, one program each, then block_merge_kernel (the launcher splits when row tiles are few)
+VARIANTS = [(False, 16, 16, 1, dict(DOT_PREC="ieee")), (False, 16, 16, 1, {}), (False, 16, 16, 1, dict(SPLIT=2)),
+            (False, 16, 16, 1, dict(SPLIT=4)), (False, 16, 16, 1, dict(SPLIT=8)), (False, 64, 16, 4, {}),
             (True, 16, 64, 2, {}), (True, 64, 64, 4, {}), (True, 128, 64, 8, {}), (True, 128, 64, 8, dict(num_stages=1)),
             (True, 64, 64, 4, dict(DOT_PREC="tf32"))]
 # the block means' kernel: (rows summed per step BLOCK_R, num_warps); the first is the launcher's
@@ -35,6 +38,7 @@ def main():
     a = ap.parse_args()
     h, d, topk, block = 16, 128, 16, 128
     kern = selection._kernels().block_select_kernel
+    merge = selection._kernels().block_merge_kernel
     rows = []
     for n in a.n:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -64,10 +68,15 @@ def main():
             meta = dict(base, INSERT=insert, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **opts)
             extra = ", ".join(f"{k}={v}" for k, v in opts.items() if k != "DOT_PREC")
             out = torch.full((1, h, nb, topk), -1, dtype=torch.int32, device="cuda")
-            grid = (triton.cdiv(nb, bm), h)
+            split = meta["SPLIT"]
+            tops = torch.empty(h, nb, split, meta["W"], dtype=torch.int64, device="cuda")
+            grid = (triton.cdiv(nb, bm), h, split)
 
             def run():
-                kern[grid](qm, km, out, nb, topk, topk, **meta)
+                kern[grid](qm, km, out, tops, nb, topk, topk, **meta)
+                if split > 1:
+                    merge[(triton.cdiv(nb, 64), h)](tops, out, nb, topk, topk, BLOCK_M=64, W=meta["W"], SPLIT=split,
+                                                    num_warps=4)
             name = (f"{'insert' if insert else 'sort  '} {bm:3d} x {bn:3d}, {warps} warps, {meta['DOT_PREC']}"
                     + (f", {extra}" if extra else ""))
             try:

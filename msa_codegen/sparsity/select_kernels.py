@@ -14,7 +14,7 @@ marks a slot or candidate that is not a block.
 ``block_means_kernel``: one program per (key block, batch x head) sums the block's rows of the
 head group's heads in float32 and writes their mean: x is read once, nothing of its size is made.
 
-``block_select_kernel``: one program per (BLOCK_M query blocks, batch x KV head) keeps the W best
+``block_select_kernel``: one program per (BLOCK_M query blocks, batch x KV head, run) keeps the W best
 keys of each row in registers, sorted descending, and walks the candidate blocks BLOCK_N at a time
 (BLOCK_N = W unless the pooled keys' tile would not fit in shared memory): a tile of scores
 (``tl.dot`` of the pooled vectors), its keys (widened to W with EMPTY) sorted ascending, the
@@ -22,6 +22,9 @@ elementwise max with the running top (the W largest of both, a bitonic sequence)
 merge. With INSERT the top is kept unsorted and a tile's keys go in by ``insert_keys`` (BLOCK_N
 may then exceed W), one sort at the end: the same result, fewer steps per tile once a row's top
 has settled (the launcher's form for long rows; ``benchmarks/select_probe.py`` times both).
+With SPLIT > 1 a row tile's candidates are SPLIT runs of tiles, one program each, whose kept
+keys go to TOPS (int64 [batch x KV head, NB, SPLIT, W]) and ``block_merge_kernel`` merges them
+(``merge_top``): more programs when there are too few rows to fill the GPU.
 Nothing N/block x N/block is stored: the extra memory is the pooled vectors and the output.
 """
 import triton
@@ -121,12 +124,14 @@ def block_means_kernel(X, OUT, s_b, s_h, s_n, N, NB, HO,
 
 
 @triton.jit
-def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
+def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, INSERT: tl.constexpr):
+                        W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, INSERT: tl.constexpr,
+                        SPLIT: tl.constexpr):
     # heaviest (last) row tiles first when causal: their loop is longest
     i_m = tl.num_programs(0) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
+    i_s = tl.program_id(2)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_m = o_m < NB
     o_d = tl.arange(0, BLOCK_D)
@@ -144,7 +149,11 @@ def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
         hi = tl.minimum(NB, (i_m + 1) * BLOCK_M)
     else:
         hi = NB
-    for c0 in range(0, hi, BLOCK_N):
+    # SPLIT programs share a row tile's candidates, in runs of whole tiles
+    per = ((hi + BLOCK_N - 1) // BLOCK_N + SPLIT - 1) // SPLIT * BLOCK_N
+    lo = i_s * per
+    hi = tl.minimum(hi, lo + per)
+    for c0 in range(lo, hi, BLOCK_N):
         o_n = c0 + o_c
         m_n = o_n < NB
         # [BLOCK_N, BLOCK_D] pooled keys
@@ -164,6 +173,33 @@ def block_select_kernel(QM, KM, IDX, NB, K_OUT, s_o,
             top = merge_top(top, key)
     if INSERT:
         top = tl.sort(top, dim=1, descending=True)
+    if SPLIT == 1:
+        _store_indices(IDX, top, i_bh, o_m, NB, K_OUT, s_o)
+    else:
+        # this run's best keys, for block_merge_kernel
+        p_t = TOPS + ((i_bh.to(tl.int64) * NB + o_m[:, None]) * SPLIT + i_s) * W + o_w[None, :]
+        tl.store(p_t, top, mask=m_m[:, None])
+
+
+@triton.jit
+def _store_indices(IDX, top, i_bh, o_m, NB, K_OUT, s_o):
+    """Rows ``o_m``' kept keys ``top`` [BLOCK_M, W], sorted descending, as block indices (-1: none)."""
+    W: tl.constexpr = top.shape[1]
+    o_w = tl.arange(0, W)
     b_idx = tl.where(top == EMPTY, -1, key_index(top))
     p_o = IDX + (i_bh.to(tl.int64) * NB + o_m[:, None]) * s_o + o_w[None, :]
-    tl.store(p_o, b_idx, mask=m_m[:, None] & (o_w[None, :] < K_OUT))
+    tl.store(p_o, b_idx, mask=(o_m < NB)[:, None] & (o_w[None, :] < K_OUT))
+
+
+@triton.jit
+def block_merge_kernel(TOPS, IDX, NB, K_OUT, s_o, BLOCK_M: tl.constexpr, W: tl.constexpr, SPLIT: tl.constexpr):
+    # the SPLIT runs' kept keys of BLOCK_M rows -> the W best, as block_select_kernel stores them
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < NB
+    p_t = TOPS + (i_bh.to(tl.int64) * NB + o_m[:, None]) * SPLIT * W + tl.arange(0, W)[None, :]
+    top = tl.load(p_t, mask=m_m[:, None], other=EMPTY)
+    for i_s in tl.static_range(1, SPLIT):
+        top = merge_top(top, tl.load(p_t + i_s * W, mask=m_m[:, None], other=EMPTY))
+    _store_indices(IDX, top, i_bh, o_m, NB, K_OUT, s_o)

@@ -6,8 +6,9 @@
   bucket that SCFA's Hash-sparse attention runs on; plain PyTorch.
 
 No gradient flows through them. ``select_blocks`` reads q and k once and holds, beyond its
-output (O(N / block * K)), the pooled blocks (O(N / block * D), float32); its plain PyTorch
-definition is ``reference.select_blocks_reference``.
+output (O(N / block * K)), the pooled blocks (O(N / block * D), float32) and, for short
+sequences, the kept keys of split runs (O(N / block * K)); its plain PyTorch definition is
+``reference.select_blocks_reference``.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
         # D=256: 64 rows (128 asked for 320 KiB of shared memory)
         block_m, block_n, warps, insert = (128 if bd <= 128 else 64), max(16, min(64, 8192 // bd)), 8, True
     return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="tf32x3",
-                INSERT=insert, num_warps=warps, num_stages=2)
+                INSERT=insert, SPLIT=1, num_warps=warps, num_stages=2)
 
 
 @torch.no_grad()
@@ -135,8 +136,10 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
         is the plain PyTorch definition).
 
     Runs on CUDA (or in Triton's interpreter on the CPU); keeps at most ``MAX_SLOTS`` (1024)
-    blocks per query block. Extra memory beyond the output: the
-    pooled vectors, ``2 * B * Hkv * ceil(N / block) * D`` float32; nothing N x N / block.
+    blocks per query block. Extra memory beyond the output: the pooled vectors,
+    ``2 * B * Hkv * ceil(N / block) * D`` float32, and for K <= 16 when query blocks are few
+    enough that their candidates are split into runs (at most 8), each run's kept keys, at most
+    ``8 * B * Hkv * ceil(N / block) * 16`` int64; nothing N x N / block.
 
     Example::
 
@@ -168,9 +171,32 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     km = _block_means(k, block)                                        # (B, Hkv, nb, D)
     # a row has at most nb candidates: slots past them stay -1
     meta = _select_meta(d, min(topk, nb), causal, nb)
-    grid = (cdiv(nb, meta["BLOCK_M"]), b * hkv)
-    _kernels().block_select_kernel[grid](qm, km, out, nb, min(topk, meta["W"]), topk, **meta)
+    row_tiles = cdiv(nb, meta["BLOCK_M"])
+    # (measured for W=16 only, where the kept keys of the runs are few)
+    split = _split(row_tiles * b * hkv, cdiv(nb, meta["BLOCK_N"])) if meta["W"] <= 16 and not meta["INSERT"] else 1
+    kern = _kernels()
+    # runs of one row tile's candidates: their kept keys, merged by block_merge_kernel
+    tops = torch.empty(b * hkv, nb, split, meta["W"], dtype=torch.int64, device=q.device) if split > 1 else out
+    kern.block_select_kernel[(row_tiles, b * hkv, split)](qm, km, out, tops, nb, min(topk, meta["W"]), topk,
+                                                          **dict(meta, SPLIT=split))
+    if split > 1:
+        kern.block_merge_kernel[(cdiv(nb, 64), b * hkv)](tops, out, nb, min(topk, meta["W"]), topk, BLOCK_M=64,
+                                                         W=meta["W"], SPLIT=split, num_warps=4)
     return out
+
+
+#: programs the selection aims for: one-warp programs of 16 rows, about 32 on each of the H200's
+#: 132 SMs; fewer leave the time to the longest row's chain of tiles
+SELECT_PROGRAMS = 4096
+
+
+def _split(programs: int, tiles: int) -> int:
+    """Runs per row tile (a power of two, at most 8) that bring ``programs`` row tiles near
+    SELECT_PROGRAMS, each run at least 8 of the longest row's ``tiles`` candidate tiles."""
+    split = 1
+    while split < 8 and programs * split * 2 <= SELECT_PROGRAMS and tiles >= 16 * split:
+        split *= 2
+    return split
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from aot_msa import within_shared  # noqa: E402   (tests/msa: the MSA kernels' compile check)
 
 #: argument types the MSA launchers' defaults do not give
-TYPES = {"NB": "i32", "HO": "i32", "K_OUT": "i32", "OUT": "*fp32", "QM": "*fp32", "KM": "*fp32"}
+TYPES = {"NB": "i32", "HO": "i32", "K_OUT": "i32", "OUT": "*fp32", "QM": "*fp32", "KM": "*fp32", "TOPS": "*i64"}
 
 
 def main():
@@ -27,6 +27,10 @@ def main():
                               (256, selection.MAX_SLOTS, True)):
         jobs.append((k.block_select_kernel, selection._select_meta(d, slots, causal), "bf16",
                      f"D={d} K={slots} causal={causal}"))
+    # a row tile's candidates in runs, and their merge
+    jobs.append((k.block_select_kernel, dict(selection._select_meta(128, 16, True, 1024), SPLIT=4), "bf16",
+                 "D=128 K=16 causal=True SPLIT=4"))
+    jobs.append((k.block_merge_kernel, dict(BLOCK_M=64, W=16, SPLIT=8, num_warps=4), "bf16", "merge W=16 SPLIT=8"))
     # long rows: insertion from wide tiles into 128 rows
     for d, causal in ((128, True), (128, False), (256, True), (64, True)):
         jobs.append((k.block_select_kernel, selection._select_meta(d, 16, causal, selection.LONG_SELECT), "bf16",

@@ -83,6 +83,27 @@ def test_insertion_form_matches_float64_reference(n, hq, hkv, d, topk, block, ca
     assert torch.equal(got.cpu(), select_blocks_reference(qi, ki, 8, 16, causal=causal))
 
 
+@pytest.mark.parametrize("split", [2, 3])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_split_runs_match_float64_reference(causal, split, device, monkeypatch):
+    """A row tile's candidates in ``split`` runs, one program each, merged by block_merge_kernel
+    (the launcher splits when row tiles are too few to fill the GPU): the reference's selection,
+    with runs of unequal length and empty ones (the first row tiles have one candidate tile)."""
+    assert selection._split(64 * 16, 64) == 4 and selection._split(512 * 16, 512) == 1
+    monkeypatch.setattr(selection, "_split", lambda programs, tiles: split)
+    gen = torch.Generator().manual_seed(3 + split)
+    q = torch.randn(2, 3, 83 * 8 - 5, 16, generator=gen)
+    k = torch.randn(2, 1, 83 * 8 - 5, 16, generator=gen)
+    idx = msa.select_blocks(q.to(device), k.to(device), 5, block=8, causal=causal)
+    assert_selects_like_reference(idx.cpu(), q, k, 5, 8, causal)
+    # ties: integer inputs, exact scores, the lower block first across runs too
+    qi = torch.randint(-2, 3, (1, 2, 40 * 16, 32), generator=gen).float()
+    pats = torch.randint(-2, 3, (3, 16, 32), generator=gen).float()
+    ki = pats[torch.randint(0, 3, (40,), generator=gen)].reshape(1, 1, 40 * 16, 32).contiguous()
+    got = msa.select_blocks(qi.to(device), ki.to(device), 8, block=16, causal=causal)
+    assert torch.equal(got.cpu(), select_blocks_reference(qi, ki, 8, 16, causal=causal))
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_long_rows_form(causal, device, monkeypatch):
     """From LONG_SELECT blocks on, top-16 inserts from wide tiles into 128 rows of an unsorted top
@@ -169,7 +190,8 @@ def test_kernels_compile_for_sm90():
 @pytest.mark.parametrize("hq,hkv,causal", [(16, 16, True), (16, 4, False)], ids=["mha-causal", "gqa4-bidir"])
 def test_gpu_matches_reference_and_memory(dtype, hq, hkv, causal):
     """N=131072, D=128, top-16 in bf16/fp16 against the float64 definition, and the extra peak
-    memory: the output and the two float32 pooled tensors, within 1 MiB of allocator rounding."""
+    memory: the output, the two float32 pooled tensors and the runs' kept keys (int64, at most 8
+    runs of W=16 per query block), within 1 MiB of allocator rounding."""
     dev = torch.device("cuda")
     n, d, topk, block = 131072, 128, 16, 128
     gen = torch.Generator(device=dev).manual_seed(3)
@@ -183,6 +205,6 @@ def test_gpu_matches_reference_and_memory(dtype, hq, hkv, causal):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     nb = n // block
-    bound = 2 * hkv * nb * d * 4 + hkv * nb * topk * 4 + (1 << 20)
+    bound = 2 * hkv * nb * d * 4 + hkv * nb * topk * 4 + hkv * nb * 8 * 16 * 8 + (1 << 20)
     assert extra <= bound, f"{extra / 2**20:.1f} MiB extra, bound {bound / 2**20:.1f} MiB"
     assert_selects_like_reference(idx, q, k, topk, block, causal)
