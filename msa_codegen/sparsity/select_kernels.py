@@ -86,6 +86,16 @@ def insert_keys(top, keys):
 
 
 @triton.jit
+def first_top(keys, W: tl.constexpr):
+    """[R, BN] keys (BN a multiple of W) -> the W largest per row, sorted descending: the first
+    W of the sorted row are, slot by slot, the largest of its BN / W runs of W."""
+    R: tl.constexpr = keys.shape[0]
+    BN: tl.constexpr = keys.shape[1]
+    srt = tl.sort(keys, dim=1, descending=True)
+    return tl.max(tl.reshape(srt, (R, BN // W, W)), axis=1)
+
+
+@triton.jit
 def _widen(key, W: tl.constexpr):
     """[R, BN] -> [R, W] (BN divides W): each key once, EMPTY in the other slots."""
     R: tl.constexpr = key.shape[0]
@@ -127,7 +137,7 @@ def block_means_kernel(X, OUT, s_b, s_h, s_n, N, NB, HO,
 def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, INSERT: tl.constexpr,
-                        SPLIT: tl.constexpr):
+                        SPLIT: tl.constexpr, FIRST_SORT: tl.constexpr):
     # heaviest (last) row tiles first when causal: their loop is longest
     i_m = tl.num_programs(0) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -166,7 +176,14 @@ def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
         key = score_key(b_s, o_n[None, :])
         key = tl.where(o_n[None, :] == o_m[:, None], own_key(key), tl.where(m_s, key, EMPTY))
         if INSERT:
-            top = insert_keys(top, key)
+            if FIRST_SORT and BLOCK_N >= W:
+                # the run's first tile by one sort instead of BLOCK_N insertion steps
+                if c0 == lo:
+                    top = first_top(key, W)
+                else:
+                    top = insert_keys(top, key)
+            else:
+                top = insert_keys(top, key)
         else:
             if BLOCK_N < W:
                 key = _widen(key, W)

@@ -111,7 +111,7 @@ def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
         # D=256: 64 rows (128 asked for 320 KiB of shared memory)
         block_m, block_n, warps, insert = (128 if bd <= 128 else 64), max(16, min(64, 8192 // bd)), 8, True
     return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="tf32x3",
-                INSERT=insert, SPLIT=1, num_warps=warps, num_stages=2)
+                INSERT=insert, SPLIT=1, FIRST_SORT=insert, num_warps=warps, num_stages=2)
 
 
 @torch.no_grad()
