@@ -100,8 +100,9 @@ def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
     # W=16 (H200, H=16, D=128, top-16, benchmarks/select_probe.py, 2026-12-03): 16 rows on one
     # warp, sorting and merging each tile of 16, was fastest at N=131072 (0.196 ms; ieee
     # products 0.579); at N=1048576, 128 rows on 8 warps inserting from tiles of 64 (5.48 ms;
-    # the 16-row form 6.62, skipping tiles that change nothing 6.35). Sorting only tiles with
-    # more than 4 insertions, or the product 32 columns at a time, did not pay (same run)
+    # the 16-row form 6.62, skipping tiles that change nothing 6.35; 5.12 with each run's first
+    # tile sorted, FIRST_SORT). Sorting only tiles with more than 4 insertions, or the product 32
+    # columns at a time, did not pay
     block_m = 16 if w <= 16 else 64 if w <= 32 else 32 if w <= 64 else 16
     # the pooled keys' float32 tile [BLOCK_N, BLOCK_D] within 32 KiB of shared memory (K=256 at
     # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
