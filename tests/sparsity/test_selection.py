@@ -208,3 +208,19 @@ def test_gpu_matches_reference_and_memory(dtype, hq, hkv, causal):
     bound = 2 * hkv * nb * d * 4 + hkv * nb * topk * 4 + hkv * nb * 8 * 16 * 8 + (1 << 20)
     assert extra <= bound, f"{extra / 2**20:.1f} MiB extra, bound {bound / 2**20:.1f} MiB"
     assert_selects_like_reference(idx, q, k, topk, block, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_gpu_long_rows_match_reference(causal):
+    """N=524288 with 128-blocks: 4096 blocks, the long-rows form (insertion from 64-wide tiles into
+    128 rows, each run's first tile sorted), bf16 with GQA 2, against the float64 definition."""
+    dev = torch.device("cuda")
+    n, d, topk, block = 524288, 128, 16, 128
+    assert selection._select_meta(d, topk, causal, n // block)["INSERT"]
+    gen = torch.Generator(device=dev).manual_seed(7)
+    q = torch.randn(1, 4, n, d, device=dev, generator=gen).to(torch.bfloat16)
+    k = torch.randn(1, 2, n, d, device=dev, generator=gen).to(torch.bfloat16)
+    idx = msa.select_blocks(q, k, topk, block=block, causal=causal)
+    assert_selects_like_reference(idx, q, k, topk, block, causal)
+
