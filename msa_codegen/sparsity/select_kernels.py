@@ -21,11 +21,13 @@ keys of each row in registers, sorted descending, and walks the candidate blocks
 elementwise max with the running top (the W largest of both, a bitonic sequence), a bitonic
 merge. With INSERT the top is kept unsorted and a tile's keys go in by ``insert_keys`` (BLOCK_N
 may then exceed W), one sort at the end: the same result, fewer steps per tile once a row's top
-has settled (the launcher's form for long rows; ``benchmarks/select_probe.py`` times both).
-With SPLIT > 1 a row tile's candidates are SPLIT runs of tiles, one program each, whose kept
-keys go to TOPS (int64 [batch x KV head, NB, SPLIT, W]) and ``block_merge_kernel`` merges them
-(``merge_top``): more programs when there are too few rows to fill the GPU.
-Nothing N/block x N/block is stored: the extra memory is the pooled vectors and the output.
+has settled (the launcher's form for long rows; ``benchmarks/select_probe.py`` times both);
+with FIRST_SORT a run's first tile, where every key would enter, fills the top by one sort
+(``first_top``). With SPLIT > 1 a row tile's candidates are SPLIT runs of tiles, one program
+each, whose kept keys go to TOPS (int64 [batch x KV head, NB, SPLIT, W]) and
+``block_merge_kernel`` merges them (``merge_top``): more programs when there are too few rows
+to fill the GPU. Nothing N/block x N/block is stored: the extra memory is the pooled vectors,
+the runs' kept keys and the output.
 """
 import triton
 import triton.language as tl
