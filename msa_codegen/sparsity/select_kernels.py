@@ -140,6 +140,7 @@ def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, INSERT: tl.constexpr,
                         SPLIT: tl.constexpr, FIRST_SORT: tl.constexpr):
+    tl.static_assert(not FIRST_SORT or (INSERT and BLOCK_N >= W), "FIRST_SORT sorts an insertion tile of >= W keys")
     # heaviest (last) row tiles first when causal: their loop is longest
     i_m = tl.num_programs(0) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -178,7 +179,7 @@ def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
         key = score_key(b_s, o_n[None, :])
         key = tl.where(o_n[None, :] == o_m[:, None], own_key(key), tl.where(m_s, key, EMPTY))
         if INSERT:
-            if FIRST_SORT and BLOCK_N >= W:
+            if FIRST_SORT:
                 # the run's first tile by one sort instead of BLOCK_N insertion steps
                 if c0 == lo:
                     top = first_top(key, W)
