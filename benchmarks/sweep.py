@@ -6,6 +6,8 @@ A quick hand sweep for picking heuristic defaults; the Optuna tuner is msa-tune.
 ``--hash-buckets K``: the Hash-sparse inputs of bench_dynamic (rows sorted by K LSH buckets, their
 positions and buckets passed to ``attention``), e.g.
 ``--pattern causal --n 8192 --hash-buckets 8 --fwd "128,128,8,3;128,64,8,2;64,64,4,2"``.
+A ``topk=K`` pattern gets bench_dynamic's inputs too: block indices from ``select_blocks`` on the
+same q and k (not timed), e.g. ``--pattern topk=16 --dkdv "64,64,4,2;128,128,8,2" --dq "128,64,8,3"``.
 """
 import argparse
 import itertools
@@ -63,6 +65,12 @@ def main():
         q, k, v, qp, kp, qb, kb = hash_inputs(q, k, v, a.hash_buckets)
         extra = dict(q_pos=qp, k_pos=kp, q_bucket=qb, k_bucket=kb)
         pairs = hash_pairs(spec, qp, kp, qb, kb) / (a.batch * a.heads)
+    elif spec.topk:
+        from msa_codegen.sparsity.selection import select_blocks
+
+        idx = select_blocks(q.detach(), k.detach(), spec.topk, block=spec.block)
+        extra = dict(block_indices=idx)
+        pairs = topk_pairs(idx, spec.block, a.n, spec.causal) / a.batch
     else:
         pairs = attended_pairs(spec, a.n)
     flops = 4.0 * a.head_dim * a.heads * a.batch * pairs
@@ -109,6 +117,22 @@ def hash_pairs(spec, qp, kp, qb, kb) -> float:
     lo = torch.searchsorted(kkey, (qb.long() << 32).contiguous())
     hi = torch.searchsorted(kkey, qkey_hi.contiguous())
     return float((hi - lo).sum())
+
+
+def topk_pairs(idx, block: int, n: int, causal: bool) -> float:
+    """Visible (query, key) pairs of the selected blocks, summed over the batch and the query heads
+    (a selection of shape (B, Hkv, nb, K) is shared by the Hkv heads' query heads; ``--heads`` is
+    the query heads, so GQA is not modelled here: Hkv = heads). -1 entries are empty slots; with
+    ``causal`` a query block's own block counts its lower triangle and later blocks nothing."""
+    nb = idx.shape[2]
+    qb = torch.arange(nb, device=idx.device)[None, None, :, None]
+    rows = torch.clamp(n - qb * block, max=block)                # query rows of the block
+    full = (idx >= 0) & ((idx < qb) if causal else True)
+    cols = torch.clamp(n - idx.clamp(min=0).long() * block, max=block)
+    pairs = (full * rows * cols).sum()
+    if causal:
+        pairs = pairs + ((idx == qb) * rows * (rows + 1) // 2).sum()
+    return float(pairs)
 
 
 def _profile(attention, q, k, v, do, a):

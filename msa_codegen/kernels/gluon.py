@@ -14,9 +14,10 @@ family when ``why_not`` finds nothing against it; otherwise the Triton kernels r
 is logged once per (plan, reason) (logger ``msa_codegen.kernels.gluon``). ``describe`` gives
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
-or without ``sink`` (``pattern_reason``), q/k/v/o rows addressable by TMA (``layout_reason``),
-a positive scale, Nq == Nk, no run-time positions, segments or block indices. Dense patterns
-can run here but are routed to the Triton forward, measured faster (``slower_reason``).
+or without ``sink``, or the ``topk=K`` term alone on 128-blocks (``pattern_reason``: the
+producer loads the blocks a tile's row of ``block_indices`` names), q/k/v/o rows addressable by
+TMA (``layout_reason``), a positive scale, Nq == Nk, no run-time positions or segments. Dense
+patterns can run here but are routed to the Triton forward, measured faster (``slower_reason``).
 
 The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
 warp-specialised dK/dV kernel (a program per 128 keys of a KV head, its GQA query heads summed
@@ -43,6 +44,7 @@ import triton
 
 from ..pattern.lowering import KernelPlan
 from ..version import __version__
+from ..sparsity.tables import merged_block_tables
 from . import render as _render
 
 ENV = "MSA_CODEGEN_GLUON"
@@ -60,6 +62,8 @@ RING = {64: 3, 128: 2}
 MAXNREG = 168
 REGS = (24, 240)
 MAX_SEQLEN = 1 << 30   # the band arithmetic (q0 + WINDOW) stays inside int32
+#: top-k slots a table row may have: the kernel counts a row's valid entries in an unrolled loop
+TOPK_SLOTS = 64
 #: backward tiles (the probe's, benchmarks/gluon_probe_bwd.py): dK/dV a program of 2 x 64 keys
 #: streaming 64-query tiles of Q and dO; dQ a program of 2 x 64 rows streaming 128-key tiles
 BWD_BLOCK_M = 64
@@ -111,6 +115,8 @@ def pattern_reason(kplan: KernelPlan) -> str | None:
     """Why one head group's plan cannot run this family (None: it can)."""
     if kplan.positional or kplan.segments:
         return "run-time positions or segments (cu_seqlens, q_pos/k_pos, buckets)"
+    if kplan.topk:
+        return topk_reason(kplan)
     if kplan.has_window and kplan.dilation != 1:
         return f"dilation={kplan.dilation}"
     for name, value in (("global", kplan.global_), ("random", kplan.random), ("topk", kplan.topk)):
@@ -118,6 +124,21 @@ def pattern_reason(kplan: KernelPlan) -> str | None:
             return f"{name}={value}"
     if not (kplan.dense or kplan.has_window):
         return "sink without a window (no band)"
+    return None
+
+
+def topk_reason(kplan: KernelPlan) -> str | None:
+    """Why a top-k plan cannot run this family (None: it can): the term alone (no window, sink,
+    global or random blocks beside it), causal or not, on 128-blocks (a query block is one
+    program tile of 2 x 64 rows and a key block one 128-key tile), at most TOPK_SLOTS slots."""
+    others = [name for name, value in (("window", kplan.has_window), ("sink", kplan.sink), ("global", kplan.global_),
+                                       ("random", kplan.random)) if value]
+    if others:
+        return f"topk={kplan.topk} with {', '.join(others)} (the family runs the top-k term alone)"
+    if kplan.rblock != BLOCK_N:
+        return f"block={kplan.rblock} (top-k runs on {BLOCK_N}-blocks here)"
+    if kplan.topk > TOPK_SLOTS:
+        return f"topk={kplan.topk} (at most {TOPK_SLOTS} slots: a row's count is unrolled)"
     return None
 
 
@@ -225,6 +246,8 @@ def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     why = pattern_reason(kplan)
     if why:
         return why
+    if kplan.topk:
+        return f"topk={kplan.topk} (the Gluon backward tiles a window's band)"
     if kplan.sink:
         return f"sink={kplan.sink} (the backward's prefix-key tiles are the Triton kernels')"
     if not kplan.has_window:
@@ -335,10 +358,22 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def forward(q, k, v, plan, scale: float):
+def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
+    """The top-k table as the Gluon forward reads it: int32 (B, Hkv, cdiv(n, 128), K), contiguous,
+    each row's distinct block ids first in descending order, then -1; causal: without the ids
+    after the row's own block (they hide every pair). O(B * Hkv * n / 128 * K), no host sync."""
+    table = merged_block_tables(spec, n, n, block_indices, inverse=False)[0]
+    if spec.causal:
+        qb = torch.arange(table.shape[2], device=table.device, dtype=table.dtype)[:, None]
+        table = table.masked_fill(table > qb, -1)
+    return table.sort(dim=-1, descending=True).values.contiguous()
+
+
+def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = None):
     """(o, lse) of one call by the Gluon kernel, one persistent launch per head group; the caller
     has checked ``why_not(plan, q, k, v, scale) is None``. o: q's shape, dtype and (dense) layout;
-    lse: (B, Hq, N) fp32, natural log of the sum of exp(scale * q.k) over the visible keys."""
+    lse: (B, Hq, N) fp32, natural log of the sum of exp(scale * q.k) over the visible keys.
+    ``block_indices``: a top-k plan's, as ``attention`` takes them (compacted by ``topk_rows``)."""
     b, hq, n, d = q.shape
     hkv = k.shape[1]
     o = torch.empty_like(q)
@@ -364,10 +399,16 @@ def forward(q, k, v, plan, scale: float):
         kern = load(grp.kernel_plan).msa_gluon_fwd
         hs = grp.h1 - grp.h0
         tiles = b * hs * n_qb
+        targs = ()
+        if grp.kernel_plan.topk:
+            if block_indices is None:
+                raise ValueError(f"{plan.pattern_text!r}: a top-k plan needs block_indices")
+            table = topk_rows(grp.spec, block_indices, n)
+            targs = (table, table.stride(0), table.stride(1))
         kern[(min(sms, tiles),)](
             qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
-            grp.h0, hs, hq, group, n, tiles, qk_scale,
+            *targs, grp.h0, hs, hq, group, n, tiles, qk_scale,
             STAGES=RING[d], FOLD=True, num_warps=4, maxnreg=MAXNREG,
         )
     return o, lse
@@ -458,7 +499,7 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
 
     consts = dict(STAGES=RING[head_dim], FOLD=True)
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
-               O=f"*{short}", LSE="*fp32", qk_scale="fp32")
+               O=f"*{short}", LSE="*fp32", T="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
     cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}
     return triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", arch, 32),

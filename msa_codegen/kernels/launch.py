@@ -83,10 +83,10 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
     forward parameters. The run-time tensors are ``sparsity.prepare``'s (None for a plain call).
     With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon family instead (kernels/gluon.py;
     same outputs, so the backward below is the same); an ineligible one logs why, once."""
-    if _gluon.requested() and q_pos is None and block_indices is None:
+    if _gluon.requested() and q_pos is None:
         why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups])
         if why is None:
-            return _gluon.forward(q, k, v, plan, scale)
+            return _gluon.forward(q, k, v, plan, scale, block_indices)
         _gluon.note(plan, why)
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, chunked_reference, lowp_attention, make_inputs, rel_err
+from helpers import FLOOR, chunked_reference, lowp_attention, make_inputs, rel_err, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -39,9 +39,13 @@ def _plan(pattern: str):
 
 
 ELIGIBLE = ["causal", "causal=false", "window=4096", "window=1", "causal=false,window=300", "window=512,sink=64",
-            "causal=false,window=200,sink=100"]
+            "causal=false,window=200,sink=100", "topk=16", "causal=false,topk=3", "topk=64,block=128"]
 NOT_ELIGIBLE = [("window=512,dilation=2", "dilation=2"), ("causal=false,global=16", "global=16"),
-                ("window=64,random=2", "random=2"), ("window=64,topk=2", "topk=2"),
+                ("window=64,random=2", "random=2"),
+                ("window=64,topk=2", "topk=2 with window (the family runs the top-k term alone)"),
+                ("sink=8,random=1,topk=2", "topk=2 with sink, random (the family runs the top-k term alone)"),
+                ("topk=2,block=64", "block=64 (top-k runs on 128-blocks here)"),
+                ("topk=65", "topk=65 (at most 64 slots: a row's count is unrolled)"),
                 ("sink=64", "sink without a window (no band)")]
 
 
@@ -80,11 +84,32 @@ def test_render_refuses_a_plan_the_family_does_not_run(pattern, why):
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
+class _I(int):
+    """A scalar of the rendered helpers: an int with Gluon's ``.to`` (a no-op here)."""
+    def to(self, _dtype):
+        return self
+
+    def __ge__(self, other):
+        return _I(int(self) >= other)
+
+
+class _Ptr:
+    """A pointer into a NumPy array: ``+`` moves it, ``gl.load`` reads it."""
+    def __init__(self, arr, off=0):
+        self.arr, self.off = arr, off
+
+    def __add__(self, off):
+        return _Ptr(self.arr, self.off + int(off))
+
+
 class _Gl:
     """The few Gluon scalar/array builtins the tiling helpers use, on NumPy."""
     constexpr = staticmethod(lambda x: x)
     maximum, minimum, where, expand_dims = np.maximum, np.minimum, np.where, np.expand_dims
     cdiv = staticmethod(lambda a, b: -(-a // b))
+    static_range = range
+    int32 = int64 = None
+    load = staticmethod(lambda p: _I(p.arr[p.off]))
 
 
 def _tiling(pattern: str) -> dict:
@@ -95,8 +120,8 @@ def _tiling(pattern: str) -> dict:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     tree = ast.parse(src)
     keep = [n for n in tree.body
-            if (isinstance(n, ast.FunctionDef) and n.name in ("_tile", "_bounds", "_key_tile", "_visible"))
-            or (isinstance(n, ast.Assign) and n.targets[0].id in ("WINDOW", "SINK"))]
+            if (isinstance(n, ast.FunctionDef) and n.name in ("_tile", "_bounds", "_keys", "_key_tile", "_visible"))
+            or (isinstance(n, ast.Assign) and n.targets[0].id in ("WINDOW", "SINK", "SLOTS"))]
     ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon tiling>", "exec"), ns)
     return ns
@@ -167,6 +192,55 @@ def _check_tiling(pattern, lengths, note=""):
             assert len(seen) == len(set(seen)), (pattern, n, q0, seen, note)
         assert not got[:, n:].any(), (pattern, n, note)
         assert np.array_equal(got[:, :n], want), (pattern, n, np.argwhere(got[:, :n] != want)[:5], note)
+
+
+TOPK_TILING = [("topk=1", (1, 128, 129)), ("topk=3", (300, 1000)), ("causal=false,topk=2", (129, 700)),
+               ("causal=false,topk=4", (1000,)), ("topk=16", (1000,))]
+
+
+@pytest.mark.parametrize("pattern,lengths", TOPK_TILING, ids=[p for p, _ in TOPK_TILING])
+def test_the_rendered_topk_tiling_covers_the_mask_exactly(pattern, lengths):
+    """A top-k plan: per query tile, the key tiles its row of the compacted table names (each
+    once; an empty row one fully masked stand-in), unmasked only where every row sees every key,
+    masked by the rendered predicate elsewhere: their union is the pattern's mask for the same
+    block_indices (random ids, -1 slots, repeats, later blocks, one all-empty row)."""
+    ns = _tiling(pattern)
+    bm = bn = 2 * gluon.BLOCK_MC
+    spec = parse(pattern).groups[0].spec
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for n in lengths:
+        b, hkv = 2, 2
+        idx = topk_inputs(pattern)(b, hkv, hkv, n, n, rng)["block_indices"]
+        idx[1, 0, -1] = -1   # the last query block of one head: nothing selected
+        want = msa.mask(pattern, n, hkv, "cpu", num_kv_heads=hkv, batch=b, block_indices=idx).numpy()
+        table = gluon.topk_rows(spec, idx, n).numpy()
+        assert table.shape == (b, hkv, -(-n // bn), spec.topk) and table.flags.c_contiguous
+        flat = table.reshape(-1)
+        for bi in range(b):
+            for kh in range(hkv):
+                got = np.zeros((n, n + bn), dtype=bool)
+                for q0 in range(0, n, bm):
+                    row, n_valid = ns["_keys"](_I(q0), _I(bi), _I(kh), n, _Ptr(flat), table.strides[0] // 4,
+                                               table.strides[1] // 4, bm, bn)
+                    rows = np.arange(q0, min(q0 + bm, n))
+                    seen = []
+                    for c in range(max(int(n_valid), 1)):
+                        kb, masked = ns["_key_tile"](c, row, n_valid, q0, n, bn)
+                        kb = int(kb)
+                        seen.append(kb)
+                        keys = np.arange(kb * bn, kb * bn + bn)
+                        vis = ns["_visible"](rows, keys, n)
+                        if not masked:
+                            assert vis.all() and keys[-1] < n, (pattern, n, q0, kb, seed)
+                        if kb >= 0:
+                            got[q0:q0 + len(rows), kb * bn:kb * bn + bn] |= vis
+                        else:
+                            assert not vis.any() and int(n_valid) == 0, (pattern, n, q0, seed)
+                    assert len(seen) == len(set(seen)), (pattern, n, q0, seen, seed)
+                assert not got[:, n:].any(), (pattern, n, seed)
+                assert np.array_equal(got[:, :n], want[bi, kh]), (pattern, n, bi, kh,
+                                                                  np.argwhere(got[:, :n] != want[bi, kh])[:5], seed)
 
 
 # ---- CPU: eligibility -------------------------------------------------------------------------
@@ -370,6 +444,71 @@ def test_gpu_forward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
     fin = torch.isfinite(ref[1])
     lse_err = (lse[fin].double() - ref[1][fin]).abs().max().item()
     assert lse_err < 0.05, f"LSE abs err {lse_err:.2e}, seed {seed}"
+
+
+# top-k: random ids with -1 slots, repeats and (causal) later blocks, one query block selecting nothing
+TOPK_CASES = [("topk=16", 4096 + 37, 128, 4, 1, BF), ("topk=3", 1000, 64, 16, 16, FP),
+              ("causal=false,topk=5", 4096 + 37, 128, 4, 2, BF), ("causal=false,topk=2", 1000, 64, 2, 1, FP)]
+
+
+def _topk_case(pattern, n, d, hq, hkv, dtype, b=1):
+    q, k, v, seed = make_inputs(b, hq, hkv, n, d, dtype, "cuda")
+    idx = topk_inputs(pattern)(b, hq, hkv, n, n, random.Random(seed))["block_indices"]
+    idx[0, 0, 1] = -1
+    return q, k, v, idx.cuda(), seed
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+@pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", TOPK_CASES, ids=_ids(TOPK_CASES))
+def test_gpu_topk_forward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
+    q, k, v, idx, seed = _topk_case(pattern, n, d, hq, hkv, dtype)
+    scale = d ** -0.5
+    plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n)
+    assert gluon.why_not(plan, q, k, v, scale) is None
+    with torch.no_grad():
+        out, lse = gluon.forward(q, k, v, plan, scale, idx)
+        ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True, block_indices=idx)
+        mask = msa.mask(pattern, n, hq, q.device, num_kv_heads=hkv, batch=1, block_indices=idx)
+        base = rel_err(lowp_attention(q, k, v, mask, scale), ref)
+    err = rel_err(out, ref)
+    assert err <= _bound(dtype, base), f"out: {err:.2e} (torch {base:.2e}), seed {seed}"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), f"seed {seed}"
+    assert torch.isneginf(lse[0, 0, 128:256]).all() and not out[0, 0, 128:256].any()   # the empty row
+    fin = torch.isfinite(ref_lse)
+    lse_err = (lse[fin].double() - ref_lse[fin]).abs().max().item()
+    assert lse_err < 0.05, f"LSE abs err {lse_err:.2e}, seed {seed}"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+def test_gpu_topk_attention_with_the_variable(monkeypatch):
+    """msa_codegen.attention with MSA_CODEGEN_GLUON=1 and block_indices from select_blocks, B=2,
+    GQA 4/2: the Gluon forward runs (spied) and the Triton backward on its o and LSE gives the
+    reference gradients."""
+    from msa_codegen.sparsity.selection import select_blocks
+
+    monkeypatch.setenv(gluon.ENV, "1")
+    calls = []
+    real = gluon.forward
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    pattern, dtype = "topk=4", BF
+    q, k, v, seed = make_inputs(2, 4, 2, 1500, 128, dtype, "cuda")
+    idx = select_blocks(q.detach(), k.detach(), 4)
+    out = msa.attention(q, k, v, pattern, block_indices=idx)
+    assert calls == [1], "the Gluon forward did not run"
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = msa.reference_attention(q, k, v, pattern, block_indices=idx)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    mask = msa.mask(pattern, 1500, 4, q.device, num_kv_heads=2, batch=2, block_indices=idx)
+    low = lowp_attention(q, k, v, mask, 128 ** -0.5)
+    low_grads = torch.autograd.grad(low, (q, k, v), do)
+    for name, got, want, lp in (("out", out, ref, low), *zip(("dq", "dk", "dv"), grads, ref_grads, low_grads)):
+        err, base = rel_err(got, want), rel_err(lp, want)
+        assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), seed {seed}"
 
 
 BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300,sink=64", 1000, 64, 16, 16, FP)]
