@@ -70,7 +70,7 @@ def main():
 
         idx = select_blocks(q.detach(), k.detach(), spec.topk, block=spec.block)
         extra = dict(block_indices=idx)
-        pairs = topk_pairs(idx, spec.block, a.n, spec.causal) / a.batch
+        pairs = topk_pairs(idx, spec.block, a.n, spec.causal) / (a.batch * a.heads)
     else:
         pairs = attended_pairs(spec, a.n)
     flops = 4.0 * a.head_dim * a.heads * a.batch * pairs
