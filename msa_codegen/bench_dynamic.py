@@ -213,6 +213,13 @@ def _sdpa(q, k, v):
     return run
 
 
+def _family() -> str:
+    """What the note says of the kernel family: the Gluon one is opt-in (kernels/gluon.py)."""
+    from .kernels import gluon
+
+    return f"; {gluon.ENV}=1 (Gluon kernels where eligible)" if gluon.requested() else ""
+
+
 def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
     rows = []
     t0 = time.perf_counter()
@@ -256,7 +263,7 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
             results[name] = (fwd_ms, fwdbwd_ms)
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=peak,
                              setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=err, status="ok",
-                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version"
+                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version{_family()}"
                                    if name == "msa_codegen" else ("same mask" if same else "dense mask: speed only"))))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
