@@ -44,7 +44,7 @@ import triton
 
 from ..pattern.lowering import KernelPlan
 from ..version import __version__
-from ..sparsity.tables import merged_block_tables
+from ..sparsity.tables import inverse_table, merged_block_tables
 from . import render as _render
 
 ENV = "MSA_CODEGEN_GLUON"
@@ -241,13 +241,13 @@ def slower_reason(kplans) -> str | None:
 
 def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     """Why one head group's plan cannot run the Gluon backward (None: it can): a causal or
-    bidirectional window, nothing else. A sink needs the Triton backward's prefix-key tiles (every
+    bidirectional window, or the forward's top-k plans (``topk_reason``), nothing else. A sink needs the Triton backward's prefix-key tiles (every
     query contributes to the sink keys' dK/dV), dense plans have no band to tile."""
     why = pattern_reason(kplan)
     if why:
         return why
     if kplan.topk:
-        return f"topk={kplan.topk} (the Gluon backward tiles a window's band)"
+        return None
     if kplan.sink:
         return f"sink={kplan.sink} (the backward's prefix-key tiles are the Triton kernels')"
     if not kplan.has_window:
@@ -421,12 +421,14 @@ def _dense_like(x: torch.Tensor) -> torch.Tensor:
     return y if layout_reason(y) is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def backward(do, q, k, v, o, lse, dlse, plan, scale: float):
+def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch.Tensor | None = None):
     """(dq, dk, dv) of one call by the Gluon kernels; the caller has checked
     ``why_not_bwd(plan, q, k, v) is None``. Per head group: the Triton stats pass (``msa_bwd_pre``
     of the group's Triton module, launched as ``launch.backward`` launches it: delta, LSE2 in log2
     units, rows padded to 16 bytes), then the dK/dV kernel (a program per 128 keys of a KV head,
-    its GROUP query heads summed inside: no atomics, deterministic) and the dQ kernel."""
+    its GROUP query heads summed inside: no atomics, deterministic) and the dQ kernel. A top-k
+    plan's dK/dV walks the inverse of the compacted table (``topk_rows``, ``inverse_table``), its
+    dQ the table's rows."""
     b, hq, n, d = q.shape
     hkv = k.shape[1]
     group = hq // hkv
@@ -465,16 +467,24 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float):
         mod = load(grp.kernel_plan, "bwd")
         hk0 = h0 // group
         hks = (h1 - 1) // group + 1 - hk0
+        kv_args, q_args = (), ()
+        if grp.kernel_plan.topk:
+            if block_indices is None:
+                raise ValueError(f"{plan.pattern_text!r}: a top-k plan needs block_indices")
+            table = topk_rows(grp.spec, block_indices, n)
+            offsets, inverse = inverse_table(table, n_tiles)
+            kv_args = (offsets, inverse, table.shape[1] * n_tiles, n_tiles)
+            q_args = (table, table.stride(0), table.stride(1))
         mod.msa_gluon_bwd_dkdv[(n_tiles, b * hks)](
             qd, kd2, vd2, dod, dkd, dvd, dk, dv, lse2, delta,
             *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dk.stride(2), *rows["dv"], dv.stride(2),
-            delta.stride(0), delta.stride(1), hk0, hks, group, n, qk_scale, scale,
+            delta.stride(0), delta.stride(1), *kv_args, hk0, hks, group, n, qk_scale, scale,
             STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
         )
         mod.msa_gluon_bwd_dq[(n_tiles, b * hs)](
             qd, kd, vd, dod, dqd, dq, lse2, delta,
             *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dq.stride(2),
-            delta.stride(0), delta.stride(1), h0, hs, group, n, qk_scale, scale,
+            delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n, qk_scale, scale,
             STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
         )
     return dq, dk, dv
@@ -525,7 +535,7 @@ def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head
         sig = dict(q_desc=desc(BWD_BLOCK_M), do_desc=desc(BWD_BLOCK_M), dq_desc=desc(BWD_BLOCK_M),
                    k_desc=desc(kv_rows[name]), v_desc=desc(kv_rows[name]), dk_desc=desc(BLOCK_N // 2),
                    dv_desc=desc(BLOCK_N // 2), DQ=f"*{short}", DK=f"*{short}", DV=f"*{short}", LSE2="*fp32",
-                   DELTA="*fp32", qk_scale="fp32", sm_scale="fp32")
+                   DELTA="*fp32", T="*i32", OFFS="*i32", INV="*i32", qk_scale="fp32", sm_scale="fp32")
         sig = {a: ("constexpr" if a == "STAGES" else sig.get(a, "i32")) for a in kern.arg_names}
         cs = {(kern.arg_names.index("STAGES"),): BWD_RING[head_dim]}
         out[name] = triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs),

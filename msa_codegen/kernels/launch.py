@@ -136,10 +136,10 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
     kernels (and the prefix-key tiles), with ``cfg``'s backward parameters; deterministic.
     With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon backward instead (kernels/gluon.py:
     the same stats pass, then its dK/dV and dQ kernels); an ineligible one logs why, once."""
-    if _gluon.requested() and q_pos is None and block_indices is None:
+    if _gluon.requested() and q_pos is None:
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
-            return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale)
+            return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices)
         _gluon.note(plan, why, "backward")
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]

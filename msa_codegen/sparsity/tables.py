@@ -112,7 +112,16 @@ def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tenso
     table = table.masked_fill(dup, -1).contiguous()
     if not inverse:
         return table, None, None
-    slots = table.shape[-1]
+    return (table, *inverse_table(table, nkb))
+
+
+def inverse_table(table: torch.Tensor, nkb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets, inverse)`` of a block table int32 ``(B, Hkv, nqb, slots)`` (-1 unused, no id
+    twice in a row) over ``nkb`` key blocks: for key block kb of (b, hk), the query blocks whose
+    row names it are ``inverse[offsets[(b * Hkv + hk) * nkb + kb] : offsets[... + 1]]``, ascending.
+    ``offsets`` int32 ``(B * Hkv * nkb + 1)``; no host sync."""
+    b, hkv, nqb, slots = table.shape
+    dev = table.device
     nbh = b * hkv
     bh = torch.arange(nbh, device=dev).view(nbh, 1, 1).expand(nbh, nqb, slots).reshape(-1)
     qb = torch.arange(nqb, device=dev).view(1, nqb, 1).expand(nbh, nqb, slots).reshape(-1)
@@ -124,4 +133,4 @@ def merged_block_tables(spec: Spec, nq: int, nk: int, block_indices: torch.Tenso
     counts = torch.bincount(key, minlength=total + 1)[:total]
     offsets = torch.zeros(total + 1, dtype=torch.int64, device=dev)
     offsets[1:] = torch.cumsum(counts, 0)
-    return table, offsets.to(torch.int32), inverse
+    return offsets.to(torch.int32), inverse

@@ -486,21 +486,23 @@ def test_gpu_topk_forward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
 @needs_api
 def test_gpu_topk_attention_with_the_variable(monkeypatch):
     """msa_codegen.attention with MSA_CODEGEN_GLUON=1 and block_indices from select_blocks, B=2,
-    GQA 4/2: the Gluon forward runs (spied) and the Triton backward on its o and LSE gives the
-    reference gradients."""
+    GQA 4/2: the Gluon forward and backward run (spied) and give the reference output and
+    gradients."""
     from msa_codegen.sparsity.selection import select_blocks
 
     monkeypatch.setenv(gluon.ENV, "1")
     calls = []
-    real = gluon.forward
-    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real, real_bwd = gluon.forward, gluon.backward
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append("fwd") or real(*a, **kw))
+    monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append("bwd") or real_bwd(*a, **kw))
     pattern, dtype = "topk=4", BF
     q, k, v, seed = make_inputs(2, 4, 2, 1500, 128, dtype, "cuda")
     idx = select_blocks(q.detach(), k.detach(), 4)
     out = msa.attention(q, k, v, pattern, block_indices=idx)
-    assert calls == [1], "the Gluon forward did not run"
+    assert calls == ["fwd"], "the Gluon forward did not run"
     do = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), do)
+    assert calls == ["fwd", "bwd"], "the Gluon backward did not run"
     ref = msa.reference_attention(q, k, v, pattern, block_indices=idx)
     ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
     mask = msa.mask(pattern, 1500, 4, q.device, num_kv_heads=2, batch=2, block_indices=idx)

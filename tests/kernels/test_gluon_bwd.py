@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, chunked_reference, make_inputs, rel_err
+from helpers import FLOOR, chunked_reference, lowp_attention, make_inputs, rel_err, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -39,9 +39,11 @@ def _plan(pattern: str):
     return lower(parse(pattern).groups[0].spec)
 
 
-ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1"]
+ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",
+            "causal=false,topk=3"]
 NOT_ELIGIBLE = [("window=512,sink=64", "sink=64"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
-                ("window=512,dilation=2", "dilation=2"), ("window=64,topk=2", "topk=2"),
+                ("window=512,dilation=2", "dilation=2"), ("window=64,topk=2", "topk=2 with window"),
+                ("topk=2,block=64", "block=64"),
                 ("causal=false,global=16", "global=16")]
 
 
@@ -125,11 +127,32 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
+class _I(int):
+    """A scalar of the rendered helpers: an int with Gluon's ``.to`` (a no-op here)."""
+    def to(self, _dtype):
+        return self
+
+    def __ge__(self, other):
+        return _I(int(self) >= other)
+
+
+class _Ptr:
+    """A pointer into a NumPy array: ``+`` moves it, ``gl.load`` reads it."""
+    def __init__(self, arr, off=0):
+        self.arr, self.off = arr, off
+
+    def __add__(self, off):
+        return _Ptr(self.arr, self.off + int(off))
+
+
 class _Gl:
     """The few Gluon scalar/array builtins the tiling helpers use, on NumPy."""
     constexpr = staticmethod(lambda x: x)
-    maximum, minimum, where, expand_dims = np.maximum, np.minimum, np.where, np.expand_dims
+    maximum, minimum, where, expand_dims, zeros_like = np.maximum, np.minimum, np.where, np.expand_dims, np.zeros_like
     cdiv = staticmethod(lambda a, b: -(-a // b))
+    static_range = range
+    int32 = int64 = None
+    load = staticmethod(lambda p: _I(p.arr[p.off]))
 
 
 def _tiling(pattern: str) -> dict:
@@ -137,10 +160,11 @@ def _tiling(pattern: str) -> dict:
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     tree = ast.parse(gluon.render(_plan(pattern), "bwd"))
-    helpers = ("_dkdv_bounds", "_key_rows", "_dq_bounds", "_query_keys", "_in_bounds")
+    helpers = ("_dkdv_bounds", "_key_rows", "_dq_bounds", "_query_keys", "_in_bounds", "_dkdv_list", "_dkdv_tile",
+               "_dq_row")
     keep = [n for n in tree.body
             if (isinstance(n, ast.FunctionDef) and n.name in helpers)
-            or (isinstance(n, ast.Assign) and n.targets[0].id == "WINDOW")]
+            or (isinstance(n, ast.Assign) and n.targets[0].id in ("WINDOW", "SLOTS"))]
     ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon bwd tiling>", "exec"), ns)
     return ns
@@ -199,6 +223,69 @@ def test_the_rendered_backward_tiling_of_random_windows():
     for _ in range(10):
         pattern = ("causal=false," if rng.random() < 0.4 else "") + f"window={rng.randrange(1, 1500)}"
         _check_tiling(pattern, rng.randrange(1, 1300), f"seed {seed}")
+
+
+TOPK_TILING = [("topk=1", (1, 128, 129)), ("topk=3", (300, 1000)), ("causal=false,topk=2", (129, 700)),
+               ("topk=16", (1000,))]
+
+
+@pytest.mark.parametrize("pattern,lengths", TOPK_TILING, ids=[p for p, _ in TOPK_TILING])
+def test_the_rendered_topk_backward_tiling_covers_the_mask_exactly(pattern, lengths):
+    """A top-k plan: dK/dV's 64-query tiles from the inverse of the compacted table and dQ's key
+    tiles from its rows (each once), unmasked only where every pair is visible and inside N;
+    each union is the pattern's mask for the same block_indices (random ids, -1 slots, repeats,
+    later blocks, an all-empty row), nothing past N."""
+    ns = _tiling(pattern)
+    bm, bn = gluon.BWD_BLOCK_M, gluon.BLOCK_N
+    spec = parse(pattern).groups[0].spec
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for n in lengths:
+        b, hkv = 2, 2
+        idx = topk_inputs(pattern)(b, hkv, hkv, n, n, rng)["block_indices"]
+        idx[1, 0, -1] = -1
+        want = msa.mask(pattern, n, hkv, "cpu", num_kv_heads=hkv, batch=b, block_indices=idx).numpy()
+        nkb = -(-n // bn)
+        table = gluon.topk_rows(spec, idx, n)
+        offsets, inverse = (x.numpy() for x in gluon.inverse_table(table, nkb))
+        table = table.numpy()
+        for bi in range(b):
+            for kh in range(hkv):
+                got = np.zeros((n + bn, n + bn), dtype=bool)   # [query, key]
+                for k0 in range(0, n, bn):
+                    inv, n_q = ns["_dkdv_list"](_I(k0), _I(bi), _I(kh), _Ptr(offsets), _Ptr(inverse), hkv * nkb, nkb,
+                                                bn)
+                    keys = np.arange(k0, k0 + bn)
+                    lo, hi = ns["_key_rows"](keys, n)
+                    seen = []
+                    for t in range(int(n_q) * (bn // bm)):
+                        r0, masked = ns["_dkdv_tile"](t, inv, k0, n, bm, bn)
+                        r0 = int(r0)
+                        seen.append(r0)
+                        queries = np.arange(r0, r0 + bm)
+                        vis = ns["_in_bounds"](lo, hi, queries)    # [keys, queries]
+                        if not masked:
+                            assert vis.all() and queries[-1] < n, (pattern, n, k0, r0, seed)
+                        assert not vis[:, queries >= n].any(), (pattern, n, k0, r0, seed)
+                        got[r0:r0 + bm, k0:k0 + bn] |= vis.T
+                    assert len(seen) == len(set(seen)), (pattern, n, k0, seed)
+                assert np.array_equal(got[:n, :n], want[bi, kh]), (pattern, n, "dkdv", seed)
+                got[:] = False
+                for q0 in range(0, n, 2 * bm):
+                    row, n_valid = ns["_dq_row"](_I(q0), _I(bi), _I(kh), _Ptr(table.reshape(-1)),
+                                                 table.strides[0] // 4, table.strides[1] // 4, 2 * bm)
+                    rows = np.arange(q0, min(q0 + 2 * bm, n))
+                    lo, hi = ns["_query_keys"](rows, n)
+                    for c in range(int(n_valid)):
+                        kb = int(row.arr[row.off + c])
+                        keys = np.arange(kb * bn, kb * bn + bn)
+                        vis = ns["_in_bounds"](lo, hi, keys)       # [rows, keys]
+                        diag = spec.causal and kb * bn == q0
+                        if not (diag or kb * bn + bn > n):   # the kernel's unmasked tiles
+                            assert vis.all(), (pattern, n, q0, kb, seed)
+                        got[q0:q0 + len(rows), kb * bn:kb * bn + bn] |= vis
+                assert not got[:, n:].any(), (pattern, n, seed)
+                assert np.array_equal(got[:n, :n], want[bi, kh]), (pattern, n, "dq", seed)
 
 
 # ---- CPU: the launcher through a model of the kernels ------------------------------------------
@@ -448,3 +535,36 @@ def test_gpu_attention_backward_runs_gluon_with_the_variable(monkeypatch):
     ref = chunked_reference(q, k, v, pattern, ones)
     low = chunked_reference(q, k, v, pattern, ones, compute_dtype=dtype)
     _check_grads(got, ref, low, dtype, f"dO of a sum, seed {seed}")
+
+
+# top-k: random ids with -1 slots, repeats and (causal) later blocks, one query block selecting nothing
+TOPK_CASES = [("topk=16", 4096 + 37, 128, 4, 1, BF), ("topk=3", 1000, 64, 16, 16, FP),
+              ("causal=false,topk=5", 4096 + 37, 128, 4, 2, BF), ("causal=false,topk=2", 1000, 64, 2, 1, FP)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+@pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", TOPK_CASES, ids=_ids(TOPK_CASES))
+def test_gpu_topk_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
+    q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
+    idx = topk_inputs(pattern)(1, hq, hkv, n, n, random.Random(seed))["block_indices"]
+    idx[0, 0, 1] = -1
+    idx = idx.cuda()
+    scale = d ** -0.5
+    plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n)
+    assert gluon.why_not_bwd(plan, q, k, v) is None
+    do = torch.randn_like(q)
+    with torch.no_grad():
+        o, lse = gluon.forward(q, k, v, plan, scale, idx)
+        dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, scale, idx)
+    torch.cuda.synchronize()
+    assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), k.stride(), v.stride())
+    qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+    ref = msa.reference_attention(qr, kr, vr, pattern, block_indices=idx)
+    ref_grads = torch.autograd.grad(ref, (qr, kr, vr), do.double())
+    mask = msa.mask(pattern, n, hq, q.device, num_kv_heads=hkv, batch=1, block_indices=idx)
+    low = lowp_attention(qr, kr, vr, mask, scale)
+    low_grads = torch.autograd.grad(low, (qr, kr, vr), do)
+    _check_grads((dq, dk, dv), (None, None, *ref_grads), (None, None, *low_grads), dtype, f"seed {seed}")
+    assert not dq[0, 0, 128:256].any()   # the query block that selected nothing
