@@ -213,11 +213,14 @@ def _sdpa(q, k, v):
     return run
 
 
-def _family() -> str:
-    """What the note says of the kernel family: the Gluon one is opt-in (kernels/gluon.py)."""
+def _family(pattern: str) -> str:
+    """What the note says of the kernel family the call asks for (kernels/gluon.py ``requested``)."""
     from .kernels import gluon
+    from .pattern.lowering import lower
 
-    return f"; {gluon.ENV}=1 (Gluon kernels where eligible)" if gluon.requested() else ""
+    if not gluon.requested([lower(g.spec) for g in parse(pattern).groups]):
+        return ""
+    return f"; Gluon kernels where eligible ({gluon._setting()})"
 
 
 def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
@@ -263,7 +266,7 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
             results[name] = (fwd_ms, fwdbwd_ms)
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=peak,
                              setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=err, status="ok",
-                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version{_family()}"
+                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version{_family(case.pattern)}"
                                    if name == "msa_codegen" else ("same mask" if same else "dense mask: speed only"))))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))

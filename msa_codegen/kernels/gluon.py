@@ -9,9 +9,13 @@ consumers of 64 query rows each, mbarrier rings), derived from ``benchmarks/gluo
 forward's: o in q's layout and the LSE (B, Hq, N) fp32 in natural-log units of the scaled
 scores, so the Triton backward runs on them unchanged.
 
-Opt-in: ``MSA_CODEGEN_GLUON=1`` in the environment, read on every call. A call then runs this
-family when ``why_not`` finds nothing against it; otherwise the Triton kernels run and the reason
-is logged once per (plan, reason) (logger ``msa_codegen.kernels.gluon``). ``describe`` gives
+When it runs: ``MSA_CODEGEN_GLUON=1`` in the environment asks for it on every eligible call,
+any other value never; unset, it is chosen automatically for plans of the top-k term alone on a
+Triton where its GPU tests ran (``auto_reason``: measured 0.75x the Triton kernels' time there).
+The variable is read on every call. An asked-for call runs this family when ``why_not`` finds
+nothing against it; otherwise the Triton kernels run and the reason is logged once per (plan,
+reason) (logger ``msa_codegen.kernels.gluon``: a warning under ``MSA_CODEGEN_GLUON=1``, debug
+under the automatic choice). ``describe`` gives
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
 or without ``sink``, or the ``topk=K`` term alone on 128-blocks (``pattern_reason``: the
@@ -75,9 +79,40 @@ _modules: dict[tuple[KernelPlan, str], object] = {}
 _noted: set[tuple] = set()
 
 
-def requested() -> bool:
-    """``MSA_CODEGEN_GLUON=1``: read on every call, so one process can time both families."""
-    return os.environ.get(ENV, "0") == "1"
+#: Triton versions (major.minor) on which the family passed its GPU tests (H200, Triton 3.6.0,
+#: 2026-12-03). With ENV unset it runs automatically only there: elsewhere it is opt-in
+GPU_TESTED = ("3.6",)
+
+
+def requested(kplans=()) -> bool:
+    """Whether a call of these head groups' plans asks for the Gluon family, read on every call
+    (one process can time both families): ``MSA_CODEGEN_GLUON=1`` always (where eligible), any
+    other value never; unset, the automatic choice (``auto_reason``)."""
+    setting = os.environ.get(ENV)
+    if setting is not None:
+        return setting == "1"
+    return auto_reason(kplans) is None
+
+
+def auto_reason(kplans) -> str | None:
+    """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
+    plans on the Triton kernels (None: it asks for the Gluon family). Automatic: plans of the
+    top-k term alone, on a Triton where the family passed its GPU tests. Top-k measured 0.75x
+    the Triton family's time, forward and forward+backward (H200, N=131072, H=16, D=128,
+    2026-12-03; benchmarks/NOTES.md); windows are faster in Gluon too (forward 0.85x, forward +
+    backward 0.91x) but stay opt-in until issue 22's bars are measured with them."""
+    if not kplans or not all(kp.topk for kp in kplans):
+        return "automatic for top-k plans only"
+    version = ".".join(triton.__version__.split(".")[:2])
+    if version not in GPU_TESTED:
+        return f"automatic only on Triton {', '.join(GPU_TESTED)}, where its GPU tests ran (this is {triton.__version__})"
+    return None
+
+
+def _setting() -> str:
+    """The words for how the family was asked for, or not: the variable's value or the automatic choice."""
+    setting = os.environ.get(ENV)
+    return f"{ENV}={setting}" if setting is not None else f"{ENV} unset: automatic"
 
 
 @functools.lru_cache(maxsize=1)
@@ -269,12 +304,15 @@ def why_not_bwd(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str 
 
 def note(plan, why: str, family: str = "forward") -> None:
     """Log once per (plan, reason, family) that the Triton kernels run instead of the requested
-    Gluon ones; family: forward or backward."""
+    Gluon ones; family: forward or backward. A warning when ``MSA_CODEGEN_GLUON=1`` asked for
+    them; at debug level when the automatic choice did (a CPU tensor, another GPU, a layout:
+    nothing the caller asked for is refused)."""
     key = (plan.key, why, family)
     if key not in _noted:
         _noted.add(key)
-        log.warning("%s=1: the Triton %s runs for %r (%s): %s", ENV, family, plan.pattern_text,
-                    str(plan.key[2]).replace("torch.", ""), why)
+        level = logging.WARNING if os.environ.get(ENV) == "1" else logging.DEBUG
+        log.log(level, "%s: the Triton %s runs for %r (%s): %s", _setting(), family, plan.pattern_text,
+                str(plan.key[2]).replace("torch.", ""), why)
 
 
 def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
@@ -282,24 +320,25 @@ def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
     runs on this capability / dtype / head dim, and why not Gluon."""
     why = next((pattern_reason(kp) for kp in groups if pattern_reason(kp)), None)
     why = why or slower_reason(groups) or capability_reason(capability, dtype, head_dim) or api()[1]
-    if not requested():
+    return _describe("forward", groups, why)
+
+
+def _describe(family: str, groups, why: str | None) -> str:
+    if not requested(groups):
         state = "eligible" if why is None else f"not eligible: {why}"
-        return f"forward kernels: triton ({ENV}=1 is not set; gluon {state})"
+        setting = os.environ.get(ENV)
+        asked = f"{ENV}={setting}" if setting is not None else f"{ENV} is not set, {auto_reason(groups)}"
+        return f"{family} kernels: triton ({asked}; gluon {state})"
     if why is None:
-        return f"forward kernels: gluon ({ENV}=1; inputs whose strides TMA cannot address run triton)"
-    return f"forward kernels: triton ({ENV}=1, but gluon is not eligible: {why})"
+        return f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address run triton)"
+    return f"{family} kernels: triton ({_setting()}, but gluon is not eligible: {why})"
 
 
 def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
     """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon."""
     why = next((bwd_pattern_reason(kp) for kp in groups if bwd_pattern_reason(kp)), None)
     why = why or capability_reason(capability, dtype, head_dim) or api()[1]
-    if not requested():
-        state = "eligible" if why is None else f"not eligible: {why}"
-        return f"backward kernels: triton ({ENV}=1 is not set; gluon {state})"
-    if why is None:
-        return f"backward kernels: gluon ({ENV}=1; inputs whose strides TMA cannot address run triton)"
-    return f"backward kernels: triton ({ENV}=1, but gluon is not eligible: {why})"
+    return _describe("backward", groups, why)
 
 
 # ---- rendering and loading ------------------------------------------------------------------

@@ -81,9 +81,10 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
             k_seg=None, block_indices=None):
     """(out, lse) of one call: one forward launch per head group of the plan, with ``cfg``'s
     forward parameters. The run-time tensors are ``sparsity.prepare``'s (None for a plain call).
-    With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon family instead (kernels/gluon.py;
-    same outputs, so the backward below is the same); an ineligible one logs why, once."""
-    if _gluon.requested() and q_pos is None:
+    A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a top-k plan:
+    kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
+    on them); an ineligible one logs why, once."""
+    if q_pos is None and _gluon.requested([g.kernel_plan for g in plan.groups]):
         why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups])
         if why is None:
             return _gluon.forward(q, k, v, plan, scale, block_indices)
@@ -134,9 +135,10 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
              k_pos=None, q_seg=None, k_seg=None, block_indices=None):
     """(dq, dk, dv) of one call: per head group the stats pass (msa_bwd_pre), the dk/dv and the dq
     kernels (and the prefix-key tiles), with ``cfg``'s backward parameters; deterministic.
-    With ``MSA_CODEGEN_GLUON=1`` an eligible call runs the Gluon backward instead (kernels/gluon.py:
-    the same stats pass, then its dK/dV and dQ kernels); an ineligible one logs why, once."""
-    if _gluon.requested() and q_pos is None:
+    A call that asks for the Gluon family (as ``forward``) runs its backward when eligible
+    (kernels/gluon.py: the same stats pass, then its dK/dV and dQ kernels); an ineligible one
+    logs why, once."""
+    if q_pos is None and _gluon.requested([g.kernel_plan for g in plan.groups]):
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
             return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices)

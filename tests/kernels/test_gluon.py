@@ -319,6 +319,43 @@ def test_the_variable_is_read_on_every_call(monkeypatch):
     assert not gluon.requested()
 
 
+def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatch):
+    """The automatic choice: pure top-k plans on a Triton where the family's GPU tests ran; the
+    variable overrides it both ways."""
+    topk, window = [_plan("topk=16")], [_plan("window=4096")]
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    assert not gluon.requested(window) and not gluon.requested(topk + window) and not gluon.requested()
+    for version, auto in (("3.6.0", True), ("3.6.1", True), ("3.9.0", False), ("3.8.0", False)):
+        monkeypatch.setattr(gluon.triton, "__version__", version)
+        assert gluon.requested(topk) == auto, version
+        assert (gluon.auto_reason(topk) is None) == auto
+    monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
+    line = gluon.describe(topk, "9.0", torch.bfloat16, 128)
+    assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
+    assert "automatic" in line
+    monkeypatch.setenv(gluon.ENV, "0")
+    assert not gluon.requested(topk)
+    assert gluon.describe(topk, "9.0", torch.bfloat16, 128).startswith(f"forward kernels: triton ({gluon.ENV}=0;")
+    monkeypatch.setenv(gluon.ENV, "1")
+    assert gluon.requested(window)
+
+
+def test_an_automatic_choice_on_the_cpu_runs_triton_quietly(monkeypatch, caplog):
+    """Unset, a top-k call on the CPU asks for the family, which the device refuses: the Triton
+    kernels run and nothing above debug level is logged."""
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
+    q, k, v, _ = make_inputs(1, 2, 1, 200, 64, torch.float32, "cpu")
+    idx = torch.tensor([[[[0, -1], [0, 1]]]], dtype=torch.int32)
+    with caplog.at_level(logging.DEBUG, logger=gluon.__name__):
+        out = msa.attention(q, k, v, "topk=2", block_indices=idx)
+    ref = msa.reference_attention(q, k, v, "topk=2", block_indices=idx)
+    assert rel_err(out, ref) < FLOOR[torch.float32]
+    records = [r for r in caplog.records if r.name == gluon.__name__]
+    assert records and all(r.levelno == logging.DEBUG for r in records)
+    assert "not a CUDA GPU" in records[0].getMessage() and "automatic" in records[0].getMessage()
+
+
 def test_describe_names_the_family_and_why(monkeypatch):
     plans = [_plan("window=4096")]
     monkeypatch.delenv(gluon.ENV, raising=False)
