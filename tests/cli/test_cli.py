@@ -224,8 +224,8 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     which = ["which", "--pattern", "window=4096", "--seqlen", "4096", "--head-dim", "128", "--dtype", "bf16",
              "--gpu", "h200"]
     p = _ok(run([*CODEGEN, *which], tmp_path, MSA_CODEGEN_GLUON="0"))
-    assert "forward kernels: triton (MSA_CODEGEN_GLUON=1 is not set; gluon eligible)" in p.stdout
-    assert "backward kernels: triton (MSA_CODEGEN_GLUON=1 is not set; gluon eligible)" in p.stdout
+    assert "forward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
+    assert "backward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
     p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
     assert "backward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
