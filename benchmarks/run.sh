@@ -57,10 +57,16 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 TIMEOUT=${TIMEOUT:-0}
 limit() { if [ "$TIMEOUT" -gt 0 ]; then timeout "$TIMEOUT" "$@"; else "$@"; fi; }
+sources_hash() {   # sha1 of msa_codegen's .py / .jinja files, in path order
+  find msa_codegen \( -name '*.py' -o -name '*.jinja' \) -print | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12
+}
 header() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%Y-%m-%d %H:%M UTC')"
+  # the commit can be stale where the tree was copied without its .git (a device machine's copy
+  # keeps the session's first one): the sources' hash names the code that ran
+  # (the same command on the machine the tree came from gives the same hash)
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (may be stale), sources $(sources_hash), $(date -u '+%Y-%m-%d %H:%M UTC')"
 }
 log="$OUT/${suite:-none}.log"
 start=$(date +%s)
