@@ -66,7 +66,8 @@ header() {
   # the commit can be stale where the tree was copied without its .git (a device machine's copy
   # keeps the session's first one): the sources' hash names the code that ran
   # (the same command on the machine the tree came from gives the same hash)
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (may be stale), sources $(sources_hash), $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) (may be stale)," \
+       "sources $(sources_hash), $(date -u '+%Y-%m-%d %H:%M UTC')"
 }
 log="$OUT/${suite:-none}.log"
 start=$(date +%s)

@@ -266,7 +266,8 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
             results[name] = (fwd_ms, fwdbwd_ms)
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=peak,
                              setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=err, status="ok",
-                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version{_family(case.pattern)}"
+                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version"
+                                   f"{_family(case.pattern)}"
                                    if name == "msa_codegen" else ("same mask" if same else "dense mask: speed only"))))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))

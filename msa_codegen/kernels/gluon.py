@@ -105,7 +105,8 @@ def auto_reason(kplans) -> str | None:
         return "automatic for top-k plans only"
     version = ".".join(triton.__version__.split(".")[:2])
     if version not in GPU_TESTED:
-        return f"automatic only on Triton {', '.join(GPU_TESTED)}, where its GPU tests ran (this is {triton.__version__})"
+        return (f"automatic only on Triton {', '.join(GPU_TESTED)}, where its GPU tests ran "
+                f"(this is {triton.__version__})")
     return None
 
 
@@ -276,8 +277,9 @@ def slower_reason(kplans) -> str | None:
 
 def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     """Why one head group's plan cannot run the Gluon backward (None: it can): a causal or
-    bidirectional window, or the forward's top-k plans (``topk_reason``), nothing else. A sink needs the Triton backward's prefix-key tiles (every
-    query contributes to the sink keys' dK/dV), dense plans have no band to tile."""
+    bidirectional window, or the forward's top-k plans (``topk_reason``), nothing else. A sink
+    needs the Triton backward's prefix-key tiles (every query contributes to the sink keys'
+    dK/dV), dense plans have no band to tile."""
     why = pattern_reason(kplan)
     if why:
         return why
