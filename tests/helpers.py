@@ -1,11 +1,13 @@
 """Shared by the kernel tests: inputs, error metric, the check against the fp64 oracle."""
 from __future__ import annotations
 
+import ast
 import os
 import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -290,3 +292,45 @@ def run_sm90_script(*args, env=None, timeout=600) -> subprocess.CompletedProcess
     full.update(env or {})
     return subprocess.run([sys.executable, os.path.join(tests, args[0]), *args[1:]], env=full,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# ---- the Gluon templates' tile helpers, run as Python over NumPy (tests/kernels/test_gluon*.py) ----
+
+class GlScalar(int):
+    """A scalar of the rendered helpers: an int with Gluon's ``.to`` (a no-op here)."""
+    def to(self, _dtype):
+        return self
+
+    def __ge__(self, other):
+        return GlScalar(int(self) >= other)
+
+
+class GlPointer:
+    """A pointer into a NumPy array: ``+`` moves it, ``gl.load`` reads it."""
+    def __init__(self, arr, off=0):
+        self.arr, self.off = arr, off
+
+    def __add__(self, off):
+        return GlPointer(self.arr, self.off + int(off))
+
+
+class _GlNumpy:
+    """The few Gluon scalar/array builtins the tile helpers use, on NumPy."""
+    constexpr = staticmethod(lambda x: x)
+    maximum, minimum, where, expand_dims, zeros_like = np.maximum, np.minimum, np.where, np.expand_dims, np.zeros_like
+    cdiv = staticmethod(lambda a, b: -(-a // b))
+    static_range = range
+    int32 = int64 = None
+    load = staticmethod(lambda p: GlScalar(p.arr[p.off]))
+
+
+def rendered_helpers(src: str, functions, constants, name: str = "<gluon tiling>") -> dict:
+    """The named top-level functions and constant assignments of a rendered Gluon source,
+    executed as Python over NumPy (``gluon.jit`` a no-op): the schedule the GPU runs, on the CPU."""
+    tree = ast.parse(src)
+    keep = [n for n in tree.body
+            if (isinstance(n, ast.FunctionDef) and n.name in functions)
+            or (isinstance(n, ast.Assign) and n.targets[0].id in constants)]
+    ns = {"gl": _GlNumpy, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), name, "exec"), ns)
+    return ns

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, chunked_reference, lowp_attention, make_inputs, rel_err, topk_inputs
+from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, lowp_attention, make_inputs, \
+    rel_err, rendered_helpers, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -84,47 +85,13 @@ def test_render_refuses_a_plan_the_family_does_not_run(pattern, why):
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
-class _I(int):
-    """A scalar of the rendered helpers: an int with Gluon's ``.to`` (a no-op here)."""
-    def to(self, _dtype):
-        return self
-
-    def __ge__(self, other):
-        return _I(int(self) >= other)
-
-
-class _Ptr:
-    """A pointer into a NumPy array: ``+`` moves it, ``gl.load`` reads it."""
-    def __init__(self, arr, off=0):
-        self.arr, self.off = arr, off
-
-    def __add__(self, off):
-        return _Ptr(self.arr, self.off + int(off))
-
-
-class _Gl:
-    """The few Gluon scalar/array builtins the tiling helpers use, on NumPy."""
-    constexpr = staticmethod(lambda x: x)
-    maximum, minimum, where, expand_dims = np.maximum, np.minimum, np.where, np.expand_dims
-    cdiv = staticmethod(lambda a, b: -(-a // b))
-    static_range = range
-    int32 = int64 = None
-    load = staticmethod(lambda p: _I(p.arr[p.off]))
-
-
 def _tiling(pattern: str) -> dict:
     """The rendered kernel's tile helpers (_tile, _bounds, _key_tile, _visible, the plan constants)
     executed as Python over NumPy: the schedule the GPU runs, checked on the CPU."""
-    src = gluon.render(_plan(pattern)) if NAMES else None
-    if src is None:
+    if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
-    tree = ast.parse(src)
-    keep = [n for n in tree.body
-            if (isinstance(n, ast.FunctionDef) and n.name in ("_tile", "_bounds", "_keys", "_key_tile", "_visible"))
-            or (isinstance(n, ast.Assign) and n.targets[0].id in ("WINDOW", "SINK", "SLOTS"))]
-    ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon tiling>", "exec"), ns)
-    return ns
+    return rendered_helpers(gluon.render(_plan(pattern)), ("_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
+                            ("WINDOW", "SINK", "SLOTS"))
 
 
 def test_the_rendered_tile_order_covers_every_tile_once():
@@ -221,8 +188,8 @@ def test_the_rendered_topk_tiling_covers_the_mask_exactly(pattern, lengths):
             for kh in range(hkv):
                 got = np.zeros((n, n + bn), dtype=bool)
                 for q0 in range(0, n, bm):
-                    row, n_valid = ns["_keys"](_I(q0), _I(bi), _I(kh), n, _Ptr(flat), table.strides[0] // 4,
-                                               table.strides[1] // 4, bm, bn)
+                    row, n_valid = ns["_table_row"](_I(q0), _I(bi), _I(kh), _Ptr(flat), table.strides[0] // 4,
+                                                    table.strides[1] // 4, bm)
                     rows = np.arange(q0, min(q0 + bm, n))
                     seen = []
                     for c in range(max(int(n_valid), 1)):

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, chunked_reference, lowp_attention, make_inputs, rel_err, topk_inputs
+from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, lowp_attention, make_inputs, \
+    rel_err, rendered_helpers, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -127,47 +128,13 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
-class _I(int):
-    """A scalar of the rendered helpers: an int with Gluon's ``.to`` (a no-op here)."""
-    def to(self, _dtype):
-        return self
-
-    def __ge__(self, other):
-        return _I(int(self) >= other)
-
-
-class _Ptr:
-    """A pointer into a NumPy array: ``+`` moves it, ``gl.load`` reads it."""
-    def __init__(self, arr, off=0):
-        self.arr, self.off = arr, off
-
-    def __add__(self, off):
-        return _Ptr(self.arr, self.off + int(off))
-
-
-class _Gl:
-    """The few Gluon scalar/array builtins the tiling helpers use, on NumPy."""
-    constexpr = staticmethod(lambda x: x)
-    maximum, minimum, where, expand_dims, zeros_like = np.maximum, np.minimum, np.where, np.expand_dims, np.zeros_like
-    cdiv = staticmethod(lambda a, b: -(-a // b))
-    static_range = range
-    int32 = int64 = None
-    load = staticmethod(lambda p: _I(p.arr[p.off]))
-
-
 def _tiling(pattern: str) -> dict:
     """The rendered backward's tile helpers executed as Python over NumPy."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
-    tree = ast.parse(gluon.render(_plan(pattern), "bwd"))
     helpers = ("_dkdv_bounds", "_key_rows", "_dq_bounds", "_query_keys", "_in_bounds", "_dkdv_list", "_dkdv_tile",
-               "_dq_row")
-    keep = [n for n in tree.body
-            if (isinstance(n, ast.FunctionDef) and n.name in helpers)
-            or (isinstance(n, ast.Assign) and n.targets[0].id in ("WINDOW", "SLOTS"))]
-    ns = {"gl": _Gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), "<gluon bwd tiling>", "exec"), ns)
-    return ns
+               "_table_row")
+    return rendered_helpers(gluon.render(_plan(pattern), "bwd"), helpers, ("WINDOW", "SLOTS"), "<gluon bwd tiling>")
 
 
 def _check_tiling(pattern, n, note=""):
@@ -272,7 +239,7 @@ def test_the_rendered_topk_backward_tiling_covers_the_mask_exactly(pattern, leng
                 assert np.array_equal(got[:n, :n], want[bi, kh]), (pattern, n, "dkdv", seed)
                 got[:] = False
                 for q0 in range(0, n, 2 * bm):
-                    row, n_valid = ns["_dq_row"](_I(q0), _I(bi), _I(kh), _Ptr(table.reshape(-1)),
+                    row, n_valid = ns["_table_row"](_I(q0), _I(bi), _I(kh), _Ptr(table.reshape(-1)),
                                                  table.strides[0] // 4, table.strides[1] // 4, 2 * bm)
                     rows = np.arange(q0, min(q0 + 2 * bm, n))
                     lo, hi = ns["_query_keys"](rows, n)
