@@ -1,13 +1,14 @@
 """The Gluon family compiled for sm_90 without a GPU: shared memory, registers, spills.
 
     PYTHONPATH=$PWD python benchmarks/gluon_aot.py [PATTERN ...] [--dtypes bf16,fp16] [--head-dims 64,128]
-                                                  [--directions fwd,bwd]
+                                                  [--directions fwd,bwd] [--documents]
 
 One JSON line per (pattern, dtype, head dim, kernel: fwd, or the backward's dkdv and dq; the
 backward's patterns are the windows without sink, the others are skipped): shared bytes (the kernel's, sm_90 allows 232,448),
 registers a thread at launch, the cubin's stack bytes and its spill stores / loads (STL / LDL,
 ``gluon_probe._ptxas_regs``: cuobjdump on the cubin). Run it in a process without
-TRITON_INTERPRET, with the Triton the GPU runs (the H200 image: 3.6).
+TRITON_INTERPRET, with the Triton the GPU runs (the H200 image: 3.6). ``--documents``: the
+plans of calls with cu_seqlens (packed documents).
 """
 from __future__ import annotations
 
@@ -36,13 +37,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp16", help="default: %(default)s")
     ap.add_argument("--head-dims", default="128,64", help="default: %(default)s")
     ap.add_argument("--directions", default="fwd,bwd", help="default: %(default)s")
+    ap.add_argument("--documents", action="store_true", help="the plans of calls with cu_seqlens")
     args = ap.parse_args(argv)
+    docs = dict(positional=True, segments=True, classes=True) if args.documents else {}
     from gluon_probe import _ptxas_regs
 
     rc = 0
     for direction in args.directions.split(","):
         for pattern in args.patterns:
-            kplan = lower(parse(pattern).groups[0].spec)
+            kplan = lower(parse(pattern).groups[0].spec, **docs)
             if direction == "bwd" and gluon.bwd_pattern_reason(kplan):
                 continue
             for dt in args.dtypes.split(","):
@@ -58,7 +61,8 @@ def main(argv=None) -> int:
                     except Exception as e:   # recorded, the next one still compiles
                         rows, rc = [dict(kernel=direction, error=f"{type(e).__name__}: {e}"[-2000:])], 1
                     for row in rows:
-                        row = dict(pattern=pattern, dtype=dt, head_dim=d, **row, seconds=round(time.time() - t0, 1))
+                        row = dict(pattern=pattern + (" (cu_seqlens)" if docs else ""), dtype=dt, head_dim=d, **row,
+                                   seconds=round(time.time() - t0, 1))
                         print(json.dumps(row), flush=True)
     return rc
 

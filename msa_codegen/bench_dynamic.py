@@ -51,6 +51,7 @@ class DynCase:
 CASES = [
     DynCase("docs-w4096", "docs", "window=4096", 131072),
     DynCase("docs1-w4096", "docs", "window=4096", 131072, one_doc=True),
+    DynCase("docs-causal", "docs", "causal", 131072),
     DynCase("hash8-8k", "hash", "causal", 8192),
     DynCase("hash8-16k", "hash", "causal", 16384),
     DynCase("qk-sparse-30", "qk", "causal", 32768),

@@ -172,6 +172,22 @@ def _docs(n, gen, max_len=40, ones=True):
     return cu
 
 
+def gluon_docs(pattern, n, gen, max_len):
+    """Packed documents as the Gluon kernels read them: (cu_seqlens, the flat DOC array the
+    launcher passes, its mask (H=1)). The positions come from ``sparsity.prepare``'s path
+    (``normalize``); the bounds from ``gluon.doc_bounds``, checked here against cu_seqlens."""
+    from msa_codegen.kernels import gluon
+    from msa_codegen.sparsity.inputs import normalize
+
+    cu = _docs(n, gen, max_len=max_len)
+    dyn = normalize(msa.parse(pattern).head_groups(1), 1, 1, 1, n, n, cu_seqlens=cu)
+    doc = gluon.doc_bounds(dyn.q_pos, n)
+    assert doc.shape == (2, n) and doc.dtype == torch.int32 and doc.is_contiguous()
+    seg = torch.searchsorted(cu[1:].long(), torch.arange(n), right=True)
+    assert torch.equal(doc[0].long(), cu[seg].long()) and torch.equal(doc[1].long(), cu[seg + 1].long())
+    return cu, doc.numpy().reshape(-1), msa.mask(pattern, n, cu_seqlens=cu)[0, 0].numpy()
+
+
 def _keep_sorted(n, frac, gen, b=1, h=1):
     """(b, h, n') sorted positions in 0..n-1 keeping about 1 - frac of them (same count per row)."""
     m = max(1, round(n * (1 - frac)))
@@ -306,12 +322,26 @@ class GlScalar(int):
 
 
 class GlPointer:
-    """A pointer into a NumPy array: ``+`` moves it, ``gl.load`` reads it."""
+    """A pointer into a NumPy array, or a block of them: ``+`` moves it (by a scalar or an
+    array of offsets), ``gl.load`` reads it."""
     def __init__(self, arr, off=0):
         self.arr, self.off = arr, off
 
     def __add__(self, off):
+        if isinstance(off, np.ndarray):
+            return GlPointer(self.arr, self.off + off)
         return GlPointer(self.arr, self.off + int(off))
+
+
+def _gl_load(p, mask=None, other=None):
+    """``gl.load``: a scalar, or a block read where ``mask`` holds (``other`` elsewhere; the
+    masked-off offsets are never read, as on the GPU)."""
+    if not isinstance(p.off, np.ndarray):
+        assert mask is None
+        return GlScalar(p.arr[p.off])
+    ok = np.ones(p.off.shape, dtype=bool) if mask is None else mask
+    assert (p.off[ok] >= 0).all() and (p.off[ok] < p.arr.size).all(), "a load outside the array"
+    return np.where(ok, p.arr[np.where(ok, p.off, 0)], other)
 
 
 class _GlNumpy:
@@ -321,7 +351,7 @@ class _GlNumpy:
     cdiv = staticmethod(lambda a, b: -(-a // b))
     static_range = range
     int32 = int64 = None
-    load = staticmethod(lambda p: GlScalar(p.arr[p.off]))
+    load = staticmethod(_gl_load)
 
 
 def rendered_helpers(src: str, functions, constants, name: str = "<gluon tiling>") -> dict:

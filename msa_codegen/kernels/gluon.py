@@ -48,6 +48,7 @@ import triton
 
 from ..pattern.lowering import KernelPlan
 from ..version import __version__
+from ..sparsity.inputs import TensorLRU
 from ..sparsity.tables import inverse_table, merged_block_tables
 from . import render as _render
 
@@ -148,9 +149,15 @@ def api() -> tuple[dict | None, str | None]:
 # ---- eligibility ----------------------------------------------------------------------------
 
 def pattern_reason(kplan: KernelPlan) -> str | None:
-    """Why one head group's plan cannot run this family (None: it can)."""
+    """Why one head group's plan cannot run this family (None: it can). Of the run-time inputs,
+    packed documents (``cu_seqlens``: ``documents``) run here, with a window or dense, no sink: a
+    tile's band is clipped to its rows' documents (``doc_bounds``)."""
     if kplan.positional or kplan.segments:
-        return "run-time positions or segments (cu_seqlens, q_pos/k_pos, buckets)"
+        if not kplan.documents:
+            return "run-time positions or segments (q_pos/k_pos, buckets)"
+        for name, value in (("topk", kplan.topk), ("sink", kplan.sink)):
+            if value:
+                return f"{name}={value} with cu_seqlens (documents run the window or dense terms alone here)"
     if kplan.topk:
         return topk_reason(kplan)
     if kplan.has_window and kplan.dilation != 1:
@@ -399,6 +406,31 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+#: ``doc_bounds``' results by the q_pos tensor they were made from (one per step's cu_seqlens)
+_DOC_BOUNDS = TensorLRU(8)
+
+
+def doc_bounds(q_pos: torch.Tensor, n: int) -> torch.Tensor:
+    """Packed documents as the Gluon kernels read them: int32 [2, n], contiguous, row i's
+    document being rows [out[0, i], out[1, i]). ``q_pos``: positions relative to the document
+    start, as ``sparsity.prepare`` makes them from cu_seqlens (broadcasts to (1, 1, n)). O(n)
+    device work, no host sync; kept per q_pos tensor (and version), so the layers of a step that
+    share one cu_seqlens build it once."""
+    key = (id(q_pos), q_pos._version, n, str(q_pos.device))
+    out = _DOC_BOUNDS.get(key, (q_pos,))
+    if out is not None:
+        return out
+    rows = torch.arange(n, device=q_pos.device, dtype=torch.int32)
+    lo = rows - q_pos.reshape(-1)[-n:].to(torch.int32)
+    # the end of row i's document: the first later row that starts one (position 0), else n
+    starts = torch.where(lo[1:] == rows[1:], rows[1:], n)
+    ends = torch.cat([starts, starts.new_full((1,), n)])
+    hi = ends.flip(0).cummin(0).values.flip(0)
+    out = torch.stack([lo, hi]).contiguous()
+    _DOC_BOUNDS.put(key, (q_pos,), out)
+    return out
+
+
 def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
     """The top-k table as the Gluon forward reads it: int32 (B, Hkv, cdiv(n, 128), K), contiguous,
     each row's distinct block ids first in descending order, then -1; causal: without the ids
@@ -410,11 +442,21 @@ def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
     return table.sort(dim=-1, descending=True).values.contiguous()
 
 
-def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = None):
+def _doc_args(plan, q_pos, n) -> tuple:
+    """The kernels' DOC argument of a plan of packed documents (``doc_bounds``), else ()."""
+    if not any(g.kernel_plan.documents for g in plan.groups):
+        return ()
+    if q_pos is None:
+        raise ValueError(f"{plan.pattern_text!r}: a plan of packed documents needs their positions (q_pos)")
+    return (doc_bounds(q_pos, n),)
+
+
+def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = None, q_pos: torch.Tensor | None = None):
     """(o, lse) of one call by the Gluon kernel, one persistent launch per head group; the caller
     has checked ``why_not(plan, q, k, v, scale) is None``. o: q's shape, dtype and (dense) layout;
     lse: (B, Hq, N) fp32, natural log of the sum of exp(scale * q.k) over the visible keys.
-    ``block_indices``: a top-k plan's, as ``attention`` takes them (compacted by ``topk_rows``)."""
+    ``block_indices``: a top-k plan's, as ``attention`` takes them (compacted by ``topk_rows``);
+    ``q_pos``: packed documents' positions (``sparsity.prepare``'s, from cu_seqlens)."""
     b, hq, n, d = q.shape
     hkv = k.shape[1]
     o = torch.empty_like(q)
@@ -436,11 +478,12 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
     qk_scale = scale * 1.4426950408889634
     n_qb = -(-n // (2 * BLOCK_MC))
     sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    doc = _doc_args(plan, q_pos, n)
     for grp in plan.groups:
         kern = load(grp.kernel_plan).msa_gluon_fwd
         hs = grp.h1 - grp.h0
         tiles = b * hs * n_qb
-        targs = ()
+        targs = doc
         if grp.kernel_plan.topk:
             if block_indices is None:
                 raise ValueError(f"{plan.pattern_text!r}: a top-k plan needs block_indices")
@@ -462,14 +505,15 @@ def _dense_like(x: torch.Tensor) -> torch.Tensor:
     return y if layout_reason(y) is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch.Tensor | None = None):
+def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch.Tensor | None = None,
+             q_pos: torch.Tensor | None = None):
     """(dq, dk, dv) of one call by the Gluon kernels; the caller has checked
     ``why_not_bwd(plan, q, k, v) is None``. Per head group: the Triton stats pass (``msa_bwd_pre``
     of the group's Triton module, launched as ``launch.backward`` launches it: delta, LSE2 in log2
     units, rows padded to 16 bytes), then the dK/dV kernel (a program per 128 keys of a KV head,
     its GROUP query heads summed inside: no atomics, deterministic) and the dQ kernel. A top-k
     plan's dK/dV walks the inverse of the compacted table (``topk_rows``, ``inverse_table``), its
-    dQ the table's rows."""
+    dQ the table's rows; packed documents clip both kernels' bands (``q_pos``, as ``forward``)."""
     b, hq, n, d = q.shape
     hkv = k.shape[1]
     group = hq // hkv
@@ -496,6 +540,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
                           for name, x in (("k", k), ("v", v), ("dk", dk), ("dv", dv)))
     qk_scale = scale * 1.4426950408889634
     n_tiles = -(-n // BLOCK_N)
+    doc = _doc_args(plan, q_pos, n)
     for grp in plan.groups:
         h0, h1 = grp.h0, grp.h1
         hs = h1 - h0
@@ -508,7 +553,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
         mod = load(grp.kernel_plan, "bwd")
         hk0 = h0 // group
         hks = (h1 - 1) // group + 1 - hk0
-        kv_args, q_args = (), ()
+        kv_args = q_args = doc
         if grp.kernel_plan.topk:
             if block_indices is None:
                 raise ValueError(f"{plan.pattern_text!r}: a top-k plan needs block_indices")
@@ -550,7 +595,7 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
 
     consts = dict(STAGES=RING[head_dim], FOLD=True)
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
-               O=f"*{short}", LSE="*fp32", T="*i32", qk_scale="fp32")
+               O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
     cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}
     return triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", arch, 32),
@@ -576,7 +621,8 @@ def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head
         sig = dict(q_desc=desc(BWD_BLOCK_M), do_desc=desc(BWD_BLOCK_M), dq_desc=desc(BWD_BLOCK_M),
                    k_desc=desc(kv_rows[name]), v_desc=desc(kv_rows[name]), dk_desc=desc(BLOCK_N // 2),
                    dv_desc=desc(BLOCK_N // 2), DQ=f"*{short}", DK=f"*{short}", DV=f"*{short}", LSE2="*fp32",
-                   DELTA="*fp32", T="*i32", OFFS="*i32", INV="*i32", qk_scale="fp32", sm_scale="fp32")
+                   DELTA="*fp32", T="*i32", OFFS="*i32", INV="*i32", DOC="*i32", qk_scale="fp32",
+                   sm_scale="fp32")
         sig = {a: ("constexpr" if a == "STAGES" else sig.get(a, "i32")) for a in kern.arg_names}
         cs = {(kern.arg_names.index("STAGES"),): BWD_RING[head_dim]}
         out[name] = triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs),

@@ -57,6 +57,7 @@ class KernelPlan:
     positional: bool = False   # rows carry positions (cu_seqlens, q_pos/k_pos, buckets): no dilation tiles
     segments: bool = False     # rows carry segments (documents / buckets): visible only within one
     classes: bool = False      # positions are row - document start (cu_seqlens): dilated tiles by row class
+    documents: bool = False    # the segments are packed documents (cu_seqlens): contiguous row ranges
 
     @property
     def has_w_phase(self) -> bool:
@@ -114,7 +115,7 @@ class KernelPlan:
         return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.as_dict().items())
 
 
-_OPTIONAL_FIELDS = {"topk": 0, "positional": False, "segments": False, "classes": False}
+_OPTIONAL_FIELDS = {"topk": 0, "positional": False, "segments": False, "classes": False, "documents": False}
 
 
 def lower(spec: Spec, *, positional: bool = False, segments: bool = False, classes: bool = False) -> KernelPlan:
@@ -123,6 +124,8 @@ def lower(spec: Spec, *, positional: bool = False, segments: bool = False, class
     ``classes``: the positions are the row minus its document's start (cu_seqlens), so a dilated
     window's residue classes are residue classes of rows and the tiles can stay strided, as in
     the plain kernels (global rows see whole documents across classes: not with ``global``).
+    The plan's ``documents`` says so for every pattern (the Gluon family reads a document's rows
+    as one range); its ``classes`` only where the strided tiles apply.
     """
     if spec.msa:
         # an msa group's kernels are msa_codegen/msa/kernels.py, shared by every msa pattern
@@ -147,6 +150,7 @@ def lower(spec: Spec, *, positional: bool = False, segments: bool = False, class
         segments=bool(segments),
         classes=bool(classes and (positional or segments) and has_window and spec.dilation > 1
                      and not global_),
+        documents=bool(classes and segments),
     )
     for name, value in plan.as_dict().items():
         if type(value) not in (int, bool):

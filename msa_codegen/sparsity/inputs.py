@@ -102,7 +102,7 @@ def _broadcast(name: str, t: torch.Tensor, b: int, h: int, n: int, hname: str) -
     return t3
 
 
-class _TensorLRU:
+class TensorLRU:
     """Values kept per key and the exact tensors that key was made from; bounded LRU. A key holds
     ids, so a hit also needs each kept weakref to still point at the given tensor (an id can be
     reused by a new tensor once the old one is freed)."""
@@ -131,7 +131,7 @@ class _TensorLRU:
         self._seen.clear()
 
 
-class _Checked(_TensorLRU):
+class _Checked(TensorLRU):
     """Checks that passed, keyed by (check, parameters, tensor identity and version)."""
 
     def __init__(self):
@@ -308,7 +308,7 @@ def check_sorted(dyn: Dynamic) -> None:
 #: ``normalize`` and without its device work (int32 copies, cu_seqlens' searchsorted: kernel
 #: launches on every call). An entry holds its derived tensors and the caller's run-time tensors
 #: (small: O(N) integers each) until it leaves the LRU.
-PREPARED = _TensorLRU(16)
+PREPARED = TensorLRU(16)
 
 _INPUT_NAMES = ("cu_seqlens", "q_pos", "k_pos", "q_bucket", "k_bucket", "block_indices")
 

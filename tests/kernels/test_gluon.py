@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, lowp_attention, make_inputs, \
-    rel_err, rendered_helpers, topk_inputs
+from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
+    make_inputs, rel_err, rendered_helpers, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -35,8 +35,10 @@ NAMES, WHY_NO_API = gluon.api()
 needs_api = pytest.mark.skipif(NAMES is None, reason=f"no Gluon for Hopper here: {WHY_NO_API}")
 
 
-def _plan(pattern: str):
-    return lower(parse(pattern).groups[0].spec)
+def _plan(pattern: str, documents: bool = False):
+    """The first head group's plan; ``documents``: as a call with cu_seqlens lowers it."""
+    spec = parse(pattern).groups[0].spec
+    return lower(spec, positional=True, segments=True, classes=True) if documents else lower(spec)
 
 
 ELIGIBLE = ["causal", "causal=false", "window=4096", "window=1", "causal=false,window=300", "window=512,sink=64",
@@ -85,12 +87,13 @@ def test_render_refuses_a_plan_the_family_does_not_run(pattern, why):
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
-def _tiling(pattern: str) -> dict:
+def _tiling(pattern: str, documents: bool = False) -> dict:
     """The rendered kernel's tile helpers (_tile, _bounds, _key_tile, _visible, the plan constants)
-    executed as Python over NumPy: the schedule the GPU runs, checked on the CPU."""
+    executed as Python over NumPy: the schedule the GPU runs, checked on the CPU. ``documents``:
+    the plan of a call with cu_seqlens."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
-    return rendered_helpers(gluon.render(_plan(pattern)), ("_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
+    return rendered_helpers(gluon.render(_plan(pattern, documents)), ("_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
                             ("WINDOW", "SINK", "SLOTS"))
 
 
@@ -136,15 +139,21 @@ def test_the_rendered_tiling_of_random_patterns():
             _check_tiling(pattern, (rng.randrange(1, 1300),), f"seed {seed}")
 
 
-def _check_tiling(pattern, lengths, note=""):
-    ns = _tiling(pattern)
+def _check_tiling(pattern, lengths, note="", docs=None):
+    """``docs``: a random.Random, for packed documents of random lengths (cu_seqlens)."""
+    ns = _tiling(pattern, documents=docs is not None)
     bm = bn = 2 * gluon.BLOCK_MC
     assert bn == gluon.BLOCK_N
     for n in lengths:
         want = msa.mask(pattern, n)[0].numpy()
+        doc = ()
+        if docs is not None:
+            cu, flat, want = gluon_docs(pattern, n, docs, docs.choice([3, 40, 300]))
+            doc = (_Ptr(flat),)
+            note = f"{note} cu_seqlens {cu.tolist()}"
         got = np.zeros((n, n + bn), dtype=bool)
         for q0 in range(0, n, bm):
-            n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, bm, bn))
+            n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, *doc, bm, bn))
             rows = np.arange(q0, min(q0 + bm, n))
             seen = []
             for c in range(n_sink + kb_hi - kb_lo):
@@ -152,13 +161,29 @@ def _check_tiling(pattern, lengths, note=""):
                 kb = int(kb)
                 seen.append(kb)
                 keys = np.arange(kb * bn, kb * bn + bn)
-                vis = ns["_visible"](rows, keys, n)
+                vis = ns["_visible"](rows, keys, n, *doc)
                 if not masked:
                     assert vis.all() and keys[-1] < n, (pattern, n, q0, kb, note)
                 got[q0:q0 + len(rows), kb * bn:kb * bn + bn] |= vis
             assert len(seen) == len(set(seen)), (pattern, n, q0, seen, note)
         assert not got[:, n:].any(), (pattern, n, note)
         assert np.array_equal(got[:, :n], want), (pattern, n, np.argwhere(got[:, :n] != want)[:5], note)
+
+
+DOC_TILING = [("window=1", (1, 129, 300)), ("window=100", (129, 700)), ("window=300", (1000,)),
+              ("window=5000", (700,)), ("causal", (129, 1000)), ("causal=false", (129, 1000)),
+              ("causal=false,window=1", (300,)), ("causal=false,window=200", (1, 129, 1000))]
+
+
+@pytest.mark.parametrize("pattern,lengths", DOC_TILING, ids=[p for p, _ in DOC_TILING])
+def test_the_rendered_document_tiling_covers_the_mask_exactly(pattern, lengths):
+    """Packed documents (cu_seqlens, lengths of 1 to 300 mixed): the band each tile visits is
+    clipped to its rows' documents, unmasked only where every row sees every key, and the
+    union is the pattern's mask with cu_seqlens."""
+    seed = random.randrange(2**31)
+    for _ in range(3):
+        _check_tiling(pattern, lengths, f"seed {seed}", docs=random.Random(seed))
+        seed += 1
 
 
 TOPK_TILING = [("topk=1", (1, 128, 129)), ("topk=3", (300, 1000)), ("causal=false,topk=2", (129, 700)),
@@ -596,3 +621,63 @@ def test_gpu_random_patterns_shapes_and_layouts():
         err = rel_err(out, ref)
         assert err <= _bound(dtype, base), f"{case}: out {err:.2e} (torch {base:.2e})"
         assert (lse.double() - ref_lse).abs().max().item() < 0.05, case
+
+
+# packed documents (cu_seqlens): lengths from 1 to max_len, length-1 documents mixed in
+DOC_CASES = [("window=4096", 8192 + 37, 128, 4, 1, BF, 3000), ("window=256", 4096 + 37, 64, 2, 1, FP, 700),
+             ("causal=false,window=300", 1000, 128, 4, 2, BF, 400), ("causal", 4096 + 37, 128, 16, 16, BF, 2000),
+             ("causal=false", 1000, 64, 4, 1, FP, 300)]
+
+
+def _doc_ids(cases):
+    return [f"{c[0]}-N{c[1]}-D{c[2]}-{c[3]}x{c[4]}-{str(c[5])[6:]}-docs{c[6]}" for c in cases]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+@pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype,max_len", DOC_CASES, ids=_doc_ids(DOC_CASES))
+def test_gpu_documents_match_the_reference(monkeypatch, pattern, n, d, hq, hkv, dtype, max_len):
+    """Packed documents through msa_codegen.attention(..., cu_seqlens=cu) with
+    MSA_CODEGEN_GLUON=1: a window runs the Gluon forward and backward (spied), output, LSE and
+    gradients against the float64 reference; a dense pattern's Gluon forward (routed to the
+    Triton one by default, ``slower_reason``) is called directly on the positions that
+    ``attention`` derives."""
+    from msa_codegen.sparsity.inputs import normalize
+    from helpers import _docs
+
+    monkeypatch.setenv(gluon.ENV, "1")
+    calls = []
+    real, real_bwd = gluon.forward, gluon.backward
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append("fwd") or real(*a, **kw))
+    monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append("bwd") or real_bwd(*a, **kw))
+    q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
+    cu = _docs(n, random.Random(seed), max_len=max_len).cuda()
+    scale = d ** -0.5
+    mask = msa.mask(pattern, n, hq, q.device, num_kv_heads=hkv, batch=1, cu_seqlens=cu)
+    ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True, cu_seqlens=cu)
+    low = lowp_attention(q, k, v, mask, scale)
+    case = f"seed {seed}, {len(cu) - 1} documents"
+    if "window" in pattern:
+        out, lse = msa.attention(q, k, v, pattern, return_lse=True, cu_seqlens=cu)
+        assert calls == ["fwd"], f"the Gluon forward did not run, {case}"
+        do = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), do)
+        assert calls == ["fwd", "bwd"], f"the Gluon backward did not run, {case}"
+        ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+        low_grads = torch.autograd.grad(low, (q, k, v), do)
+        checks = (("out", out, ref, low), *zip(("dq", "dk", "dv"), grads, ref_grads, low_grads))
+    else:
+        dyn = normalize(msa.parse(pattern).head_groups(hq), 1, hq, hkv, n, n, q.device, cu_seqlens=cu)
+        plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n, positional=True, segments=True, classes=True)
+        assert gluon.why_not(plan, q, k, v, scale) is None and gluon.slower_reason([g.kernel_plan for g in plan.groups])
+        with torch.no_grad():
+            out, lse = gluon.forward(q, k, v, plan, scale, q_pos=dyn.q_pos)
+        checks = (("out", out, ref, low),)
+    for name, got, want, lp in checks:
+        err, base = rel_err(got, want), rel_err(lp, want)
+        assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), {case}"
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)), case
+    lse_err = (lse[fin].double() - ref_lse[fin]).abs().max().item()
+    assert lse_err < 0.05, f"LSE abs err {lse_err:.2e}, {case}"

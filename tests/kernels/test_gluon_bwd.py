@@ -25,8 +25,8 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, lowp_attention, make_inputs, \
-    rel_err, rendered_helpers, topk_inputs
+from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
+    make_inputs, rel_err, rendered_helpers, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
@@ -36,8 +36,10 @@ NAMES, WHY_NO_API = gluon.api()
 needs_api = pytest.mark.skipif(NAMES is None, reason=f"no Gluon for Hopper here: {WHY_NO_API}")
 
 
-def _plan(pattern: str):
-    return lower(parse(pattern).groups[0].spec)
+def _plan(pattern: str, documents: bool = False):
+    """The first head group's plan; ``documents``: as a call with cu_seqlens lowers it."""
+    spec = parse(pattern).groups[0].spec
+    return lower(spec, positional=True, segments=True, classes=True) if documents else lower(spec)
 
 
 ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",
@@ -128,40 +130,48 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
-def _tiling(pattern: str) -> dict:
-    """The rendered backward's tile helpers executed as Python over NumPy."""
+def _tiling(pattern: str, documents: bool = False) -> dict:
+    """The rendered backward's tile helpers executed as Python over NumPy (``documents``: the
+    plan of a call with cu_seqlens)."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     helpers = ("_dkdv_bounds", "_key_rows", "_dq_bounds", "_query_keys", "_in_bounds", "_dkdv_list", "_dkdv_tile",
                "_table_row")
-    return rendered_helpers(gluon.render(_plan(pattern), "bwd"), helpers, ("WINDOW", "SLOTS"), "<gluon bwd tiling>")
+    return rendered_helpers(gluon.render(_plan(pattern, documents), "bwd"), helpers, ("WINDOW", "SLOTS"),
+                            "<gluon bwd tiling>")
 
 
-def _check_tiling(pattern, n, note=""):
+def _check_tiling(pattern, n, note="", docs=None):
     """dK/dV: per 128-key tile, the 64-query tiles visited (each once), unmasked only where every
     pair is visible and inside N; dQ: per 128-row tile, the 128-key tiles likewise. Each union is
-    the pattern's mask (keys of the stored rows), nothing past N."""
-    ns = _tiling(pattern)
+    the pattern's mask (keys of the stored rows), nothing past N. ``docs``: a random.Random, for
+    packed documents of random lengths (cu_seqlens)."""
+    ns = _tiling(pattern, documents=docs is not None)
     bm, bn = gluon.BWD_BLOCK_M, gluon.BLOCK_N
     want = msa.mask(pattern, n)[0].numpy()
+    doc = ()
+    if docs is not None:
+        cu, flat, want = gluon_docs(pattern, n, docs, docs.choice([3, 40, 300]))
+        doc = (_Ptr(flat),)
+        note = f"{note} cu_seqlens {cu.tolist()}"
     got = np.zeros((n + bn, n + bn), dtype=bool)   # [query, key]
     for k0 in range(0, n, bn):
-        qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, n, bm, bn))
+        qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, n, *doc, bm, bn))
         keys = np.arange(k0, k0 + bn)
-        lo, hi = ns["_key_rows"](keys, n)
+        lo, hi = ns["_key_rows"](keys, n, *doc)
         for qb in range(qb_lo, qb_hi):
             queries = np.arange(qb * bm, qb * bm + bm)
             vis = ns["_in_bounds"](lo, hi, queries)    # [keys, queries]
-            if full_lo <= qb < full_hi:
-                assert vis.all() and queries[-1] < n, (pattern, n, k0, qb, note)
+            if full_lo <= qb < full_hi:   # keys past N: rows of dK / dV never stored
+                assert vis[keys < n].all() and queries[-1] < n, (pattern, n, k0, qb, note)
             assert not vis[:, queries >= n].any(), (pattern, n, k0, qb, note)
             got[qb * bm:qb * bm + bm, k0:k0 + bn] |= vis.T
     assert np.array_equal(got[:n, :n], want), (pattern, n, "dkdv", np.argwhere(got[:n, :n] != want)[:5], note)
     got[:] = False
     for q0 in range(0, n, 2 * bm):
-        kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_dq_bounds"](q0, n, 2 * bm, bn))
+        kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_dq_bounds"](q0, n, *doc, 2 * bm, bn))
         rows = np.arange(q0, min(q0 + 2 * bm, n))
-        lo, hi = ns["_query_keys"](rows, n)
+        lo, hi = ns["_query_keys"](rows, n, *doc)
         for kb in range(kb_lo, kb_hi):
             keys = np.arange(kb * bn, kb * bn + bn)
             vis = ns["_in_bounds"](lo, hi, keys)       # [rows, keys]
@@ -190,6 +200,22 @@ def test_the_rendered_backward_tiling_of_random_windows():
     for _ in range(10):
         pattern = ("causal=false," if rng.random() < 0.4 else "") + f"window={rng.randrange(1, 1500)}"
         _check_tiling(pattern, rng.randrange(1, 1300), f"seed {seed}")
+
+
+DOC_TILING = [("window=1", (1, 129, 300)), ("window=100", (129, 700)), ("window=300", (1000,)),
+              ("window=5000", (700,)), ("causal=false,window=1", (300,)), ("causal=false,window=64", (191, 500)),
+              ("causal=false,window=200", (1, 129, 1000))]
+
+
+@pytest.mark.parametrize("pattern,lengths", DOC_TILING, ids=[p for p, _ in DOC_TILING])
+def test_the_rendered_document_backward_tiling_covers_the_mask_exactly(pattern, lengths):
+    """Packed documents (cu_seqlens, lengths of 1 to 300 mixed): both kernels' bands clipped to
+    the documents, their unions the pattern's mask with cu_seqlens."""
+    seed = random.randrange(2**31)
+    for _ in range(3):
+        for n in lengths:
+            _check_tiling(pattern, n, f"seed {seed}", docs=random.Random(seed))
+        seed += 1
 
 
 TOPK_TILING = [("topk=1", (1, 128, 129)), ("topk=3", (300, 1000)), ("causal=false,topk=2", (129, 700)),
