@@ -214,12 +214,13 @@ def _sdpa(q, k, v):
     return run
 
 
-def _family(pattern: str) -> str:
+def _family(case: DynCase) -> str:
     """What the note says of the kernel family the call asks for (kernels/gluon.py ``requested``)."""
     from .kernels import gluon
     from .pattern.lowering import lower
 
-    if not gluon.requested([lower(g.spec) for g in parse(pattern).groups]):
+    docs = dict(positional=True, segments=True, classes=True) if case.kind == "docs" and not case.one_doc else {}
+    if not gluon.requested([lower(g.spec, **docs) for g in parse(case.pattern).groups]):
         return ""
     return f"; Gluon kernels where eligible ({gluon._setting()})"
 
@@ -268,7 +269,7 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=peak,
                              setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=err, status="ok",
                              note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version"
-                                   f"{_family(case.pattern)}"
+                                   f"{_family(case)}"
                                    if name == "msa_codegen" else ("same mask" if same else "dense mask: speed only"))))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))

@@ -321,7 +321,8 @@ def cmd_which(args) -> int:
         res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
     if not pat.msa_groups:
-        kplans = [lower(g.spec) for g in pat.groups]
+        docs = dict(positional=True, segments=True, classes=True) if args.documents else {}
+        kplans = [lower(g.spec, **docs) for g in pat.groups]
         print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim))
         print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim))
     note = _defaults_note(res, name, cap, args.db)
@@ -526,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="auto", help="a GPU name (h100, h200, ...) or auto: the GPU present, else "
                    "Triton's interpreter (default: auto)")
     p.add_argument("--db", default=None, help="the user database (default: $MSA_CODEGEN_HOME/tuning.db)")
+    p.add_argument("--documents", action="store_true", help="calls pass cu_seqlens (packed documents): "
+                                                             "the kernel families such calls run")
     p.set_defaults(fn=cmd_which)
 
     p = sub.add_parser("db", help="the tuning database: list, export, import, clear")

@@ -10,25 +10,29 @@ forward's: o in q's layout and the LSE (B, Hq, N) fp32 in natural-log units of t
 scores, so the Triton backward runs on them unchanged.
 
 When it runs: ``MSA_CODEGEN_GLUON=1`` in the environment asks for it on every eligible call,
-any other value never; unset, it is chosen automatically for plans of the top-k term alone on a
-Triton where its GPU tests ran (``auto_reason``: measured 0.75x the Triton kernels' time there).
+any other value never; unset, it is chosen automatically for plans of the top-k term alone and
+for packed documents (cu_seqlens) on a Triton where its GPU tests ran (``auto_reason``: measured
+0.72-0.75x the Triton kernels' time there).
 The variable is read on every call. An asked-for call runs this family when ``why_not`` finds
 nothing against it; otherwise the Triton kernels run and the reason is logged once per (plan,
 reason) (logger ``msa_codegen.kernels.gluon``: a warning under ``MSA_CODEGEN_GLUON=1``, debug
 under the automatic choice). ``describe`` gives
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
-or without ``sink``, or the ``topk=K`` term alone on 128-blocks (``pattern_reason``: the
-producer loads the blocks a tile's row of ``block_indices`` names), q/k/v/o rows addressable by
-TMA (``layout_reason``), a positive scale, Nq == Nk, no run-time positions or segments. Dense
-patterns can run here but are routed to the Triton forward, measured faster (``slower_reason``).
+or without ``sink``, the window or dense terms over packed documents (``cu_seqlens``: each
+tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` term alone on
+128-blocks (``pattern_reason``: the producer loads the blocks a tile's row of ``block_indices``
+names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
+run-time positions or segments. Dense patterns without documents can run here but are routed to
+the Triton forward, measured faster (``slower_reason``).
 
 The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
 warp-specialised dK/dV kernel (a program per 128 keys of a KV head, its GQA query heads summed
 inside, no atomics) and a dQ kernel in the forward's layout, after the Triton stats pass
 ``msa_bwd_pre``. Run by ``launch.backward`` under the same variable when ``why_not_bwd`` finds
-nothing against the call: causal or bidirectional windows without sink, Hopper, bf16 / fp16,
-head dim 64 or 128, layouts TMA addresses, no KV head split between head groups.
+nothing against the call: causal or bidirectional windows without sink (or dense over packed
+documents), top-k, Hopper, bf16 / fp16, head dim 64 or 128, layouts TMA addresses, no KV head
+split between head groups.
 
 Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
 on any Triton and without a GPU. ``api()`` feature-detects the names the template needs (they
@@ -98,12 +102,14 @@ def requested(kplans=()) -> bool:
 def auto_reason(kplans) -> str | None:
     """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
     plans on the Triton kernels (None: it asks for the Gluon family). Automatic: plans of the
-    top-k term alone, on a Triton where the family passed its GPU tests. Top-k measured 0.75x
-    the Triton family's time, forward and forward+backward (H200, N=131072, H=16, D=128,
-    2026-12-03; benchmarks/NOTES.md); windows are faster in Gluon too (forward 0.85x, forward +
-    backward 0.91x) but stay opt-in until issue 22's bars are measured with them."""
-    if not kplans or not all(kp.topk for kp in kplans):
-        return "automatic for top-k plans only"
+    top-k term alone, and plans of packed documents (cu_seqlens), on a Triton where the family
+    passed its GPU tests. Measured against the Triton family (H200, N=131072, H=16, D=128,
+    benchmarks/NOTES.md): top-k 0.75x its time, forward and forward+backward (2026-12-03);
+    documents of 1k-16k, ``window=4096``, 0.72x / 0.73x (2026-12-04). Plain windows are faster
+    in Gluon too (forward 0.85x, forward + backward 0.91x) but stay opt-in until issue 22's bars
+    are measured with them."""
+    if not kplans or not all(kp.topk or kp.documents for kp in kplans):
+        return "automatic for top-k and packed-document (cu_seqlens) plans only"
     version = ".".join(triton.__version__.split(".")[:2])
     if version not in GPU_TESTED:
         return (f"automatic only on Triton {', '.join(GPU_TESTED)}, where its GPU tests ran "
@@ -276,8 +282,10 @@ def slower_reason(kplans) -> str | None:
     patterns run slower in the persistent schedule: causal N=16384, B=1, H=16, D=128, bf16 took
     2.450 ms against the Triton forward's 1.995 (H200, Triton 3.6, 2026-12-03,
     ``bash benchmarks/run.sh gluon``), where ``window=4096`` took 0.856x its time. The GPU tests
-    still run the dense kernels directly (``forward``)."""
-    if any(kp.dense and not kp.has_window for kp in kplans):
+    still run the dense kernels directly (``forward``). Over packed documents the dense forward
+    is the faster one: causal, 13 documents of 1k-16k, N=131072, H=16, 11.54 ms against 13.46
+    (H200, Triton 3.6, 2026-12-04)."""
+    if any(kp.dense and not kp.has_window and not kp.documents for kp in kplans):
         return "dense pattern (no window): the Triton forward measured faster (1.23x less time, causal N=16384)"
     return None
 
@@ -286,7 +294,8 @@ def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     """Why one head group's plan cannot run the Gluon backward (None: it can): a causal or
     bidirectional window, or the forward's top-k plans (``topk_reason``), nothing else. A sink
     needs the Triton backward's prefix-key tiles (every query contributes to the sink keys'
-    dK/dV), dense plans have no band to tile."""
+    dK/dV), dense plans have no band to tile, except over packed documents (each document is
+    the band)."""
     why = pattern_reason(kplan)
     if why:
         return why
@@ -294,7 +303,7 @@ def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
         return None
     if kplan.sink:
         return f"sink={kplan.sink} (the backward's prefix-key tiles are the Triton kernels')"
-    if not kplan.has_window:
+    if not (kplan.has_window or kplan.documents):
         return "dense pattern (no window): the Gluon backward tiles a window's band"
     return None
 

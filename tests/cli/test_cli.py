@@ -229,6 +229,13 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
     assert "backward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
+    # packed documents: eligible; a sink with cu_seqlens is not
+    p = _ok(run([*CODEGEN, *which[:2], "causal", *which[3:], "--documents"], tmp_path, MSA_CODEGEN_GLUON="0"))
+    assert "forward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
+    assert "backward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
+    p = _ok(run([*CODEGEN, *which[:2], "window=64,sink=4", *which[3:], "--documents"], tmp_path,
+                MSA_CODEGEN_GLUON="1"))
+    assert "gluon is not eligible: sink=4 with cu_seqlens" in p.stdout
 
 
 def test_render_names_the_launch_of_a_head_dim_and_dtype(tmp_path):

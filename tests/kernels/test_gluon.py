@@ -312,15 +312,18 @@ def test_the_variable_is_read_on_every_call(monkeypatch):
 
 
 def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatch):
-    """The automatic choice: pure top-k plans on a Triton where the family's GPU tests ran; the
-    variable overrides it both ways."""
+    """The automatic choice: pure top-k plans and packed documents (a window or dense) on a
+    Triton where the family's GPU tests ran; the variable overrides it both ways."""
     topk, window = [_plan("topk=16")], [_plan("window=4096")]
+    docs = [_plan("window=4096", documents=True), _plan("causal", documents=True)]
     monkeypatch.delenv(gluon.ENV, raising=False)
     assert not gluon.requested(window) and not gluon.requested(topk + window) and not gluon.requested()
     for version, auto in (("3.6.0", True), ("3.6.1", True), ("3.9.0", False), ("3.8.0", False)):
         monkeypatch.setattr(gluon.triton, "__version__", version)
         assert gluon.requested(topk) == auto, version
         assert (gluon.auto_reason(topk) is None) == auto
+        assert gluon.requested(docs) == auto and gluon.requested(topk + docs[:1]) == auto, version
+        assert not gluon.requested(docs + window), version
     monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
     line = gluon.describe(topk, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
@@ -626,7 +629,8 @@ def test_gpu_random_patterns_shapes_and_layouts():
 # packed documents (cu_seqlens): lengths from 1 to max_len, length-1 documents mixed in
 DOC_CASES = [("window=4096", 8192 + 37, 128, 4, 1, BF, 3000), ("window=256", 4096 + 37, 64, 2, 1, FP, 700),
              ("causal=false,window=300", 1000, 128, 4, 2, BF, 400), ("causal", 4096 + 37, 128, 16, 16, BF, 2000),
-             ("causal=false", 1000, 64, 4, 1, FP, 300)]
+             ("causal", 3000, 64, 4, 2, FP, 150), ("causal=false", 1000, 64, 4, 1, FP, 300),
+             ("causal=false", 2000, 128, 2, 2, BF, 900)]
 
 
 def _doc_ids(cases):
@@ -638,43 +642,33 @@ def _doc_ids(cases):
 @needs_api
 @pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype,max_len", DOC_CASES, ids=_doc_ids(DOC_CASES))
 def test_gpu_documents_match_the_reference(monkeypatch, pattern, n, d, hq, hkv, dtype, max_len):
-    """Packed documents through msa_codegen.attention(..., cu_seqlens=cu) with
-    MSA_CODEGEN_GLUON=1: a window runs the Gluon forward and backward (spied), output, LSE and
-    gradients against the float64 reference; a dense pattern's Gluon forward (routed to the
-    Triton one by default, ``slower_reason``) is called directly on the positions that
-    ``attention`` derives."""
-    from msa_codegen.sparsity.inputs import normalize
+    """Packed documents through msa_codegen.attention(..., cu_seqlens=cu), the family chosen as
+    by default on this Triton or forced by MSA_CODEGEN_GLUON=1: the Gluon forward and backward
+    run (spied), and output, LSE and gradients match the float64 reference."""
     from helpers import _docs
 
-    monkeypatch.setenv(gluon.ENV, "1")
+    if gluon.auto_reason([_plan(pattern, documents=True)]) is not None:
+        monkeypatch.setenv(gluon.ENV, "1")
+    else:
+        monkeypatch.delenv(gluon.ENV, raising=False)
     calls = []
     real, real_bwd = gluon.forward, gluon.backward
     monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append("fwd") or real(*a, **kw))
     monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append("bwd") or real_bwd(*a, **kw))
     q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
     cu = _docs(n, random.Random(seed), max_len=max_len).cuda()
-    scale = d ** -0.5
+    case = f"seed {seed}, {len(cu) - 1} documents"
+    out, lse = msa.attention(q, k, v, pattern, return_lse=True, cu_seqlens=cu)
+    assert calls == ["fwd"], f"the Gluon forward did not run, {case}"
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    assert calls == ["fwd", "bwd"], f"the Gluon backward did not run, {case}"
     mask = msa.mask(pattern, n, hq, q.device, num_kv_heads=hkv, batch=1, cu_seqlens=cu)
     ref, ref_lse = msa.reference_attention(q, k, v, pattern, return_lse=True, cu_seqlens=cu)
-    low = lowp_attention(q, k, v, mask, scale)
-    case = f"seed {seed}, {len(cu) - 1} documents"
-    if "window" in pattern:
-        out, lse = msa.attention(q, k, v, pattern, return_lse=True, cu_seqlens=cu)
-        assert calls == ["fwd"], f"the Gluon forward did not run, {case}"
-        do = torch.randn_like(out)
-        grads = torch.autograd.grad(out, (q, k, v), do)
-        assert calls == ["fwd", "bwd"], f"the Gluon backward did not run, {case}"
-        ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
-        low_grads = torch.autograd.grad(low, (q, k, v), do)
-        checks = (("out", out, ref, low), *zip(("dq", "dk", "dv"), grads, ref_grads, low_grads))
-    else:
-        dyn = normalize(msa.parse(pattern).head_groups(hq), 1, hq, hkv, n, n, q.device, cu_seqlens=cu)
-        plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n, positional=True, segments=True, classes=True)
-        assert gluon.why_not(plan, q, k, v, scale) is None and gluon.slower_reason([g.kernel_plan for g in plan.groups])
-        with torch.no_grad():
-            out, lse = gluon.forward(q, k, v, plan, scale, q_pos=dyn.q_pos)
-        checks = (("out", out, ref, low),)
-    for name, got, want, lp in checks:
+    low = lowp_attention(q, k, v, mask, d ** -0.5)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    low_grads = torch.autograd.grad(low, (q, k, v), do)
+    for name, got, want, lp in (("out", out, ref, low), *zip(("dq", "dk", "dv"), grads, ref_grads, low_grads)):
         err, base = rel_err(got, want), rel_err(lp, want)
         assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), {case}"
     fin = torch.isfinite(ref_lse)

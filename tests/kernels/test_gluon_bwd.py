@@ -204,7 +204,7 @@ def test_the_rendered_backward_tiling_of_random_windows():
 
 DOC_TILING = [("window=1", (1, 129, 300)), ("window=100", (129, 700)), ("window=300", (1000,)),
               ("window=5000", (700,)), ("causal=false,window=1", (300,)), ("causal=false,window=64", (191, 500)),
-              ("causal=false,window=200", (1, 129, 1000))]
+              ("causal=false,window=200", (1, 129, 1000)), ("causal", (1, 129, 1000)), ("causal=false", (129, 700))]
 
 
 @pytest.mark.parametrize("pattern,lengths", DOC_TILING, ids=[p for p, _ in DOC_TILING])
