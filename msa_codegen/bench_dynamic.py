@@ -220,8 +220,11 @@ def _family(case: DynCase) -> str:
     from .pattern.lowering import lower
 
     docs = dict(positional=True, segments=True, classes=True) if case.kind == "docs" and not case.one_doc else {}
-    if not gluon.requested([lower(g.spec, **docs) for g in parse(case.pattern).groups]):
+    kplans = [lower(g.spec, **docs) for g in parse(case.pattern).groups]
+    if not gluon.requested(kplans, case.n):
         return ""
+    if not gluon.requested(kplans, case.n, backward=True):
+        return f"; Gluon forward where eligible, Triton backward ({gluon._setting()})"
     return f"; Gluon kernels where eligible ({gluon._setting()})"
 
 

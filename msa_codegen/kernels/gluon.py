@@ -89,17 +89,25 @@ _noted: set[tuple] = set()
 GPU_TESTED = ("3.6",)
 
 
-def requested(kplans=()) -> bool:
-    """Whether a call of these head groups' plans asks for the Gluon family, read on every call
-    (one process can time both families): ``MSA_CODEGEN_GLUON=1`` always (where eligible), any
-    other value never; unset, the automatic choice (``auto_reason``)."""
+def requested(kplans=(), n: int | None = None, backward: bool = False) -> bool:
+    """Whether a call of these head groups' plans (N rows; its forward, or its backward) asks
+    for the Gluon family, read on every call (one process can time both families):
+    ``MSA_CODEGEN_GLUON=1`` always (where eligible), any other value never; unset, the
+    automatic choice (``auto_reason``)."""
     setting = os.environ.get(ENV)
     if setting is not None:
         return setting == "1"
-    return auto_reason(kplans) is None
+    return auto_reason(kplans, n, backward) is None
 
 
-def auto_reason(kplans) -> str | None:
+#: the automatic choice takes the Gluon backward of packed documents from this length on: at
+#: N=8192 (H=16, D=128) and N=4096 (H=12, D=64) its forward + backward measured 1.02-1.49x the
+#: Triton kernels' time, at N=16384 0.70-0.76x (H200, Triton 3.6, 2026-12-04, one process; the
+#: forward was faster at every length, 0.69-0.90x)
+DOCS_BWD_MIN_N = 16384
+
+
+def auto_reason(kplans, n: int | None = None, backward: bool = False) -> str | None:
     """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
     plans on the Triton kernels (None: it asks for the Gluon family). Automatic: plans of the
     top-k term alone, and plans of packed documents (cu_seqlens), on a Triton where the family
@@ -107,9 +115,13 @@ def auto_reason(kplans) -> str | None:
     benchmarks/NOTES.md): top-k 0.75x its time, forward and forward+backward (2026-12-03);
     documents of 1k-16k, ``window=4096``, 0.72x / 0.73x (2026-12-04). Plain windows are faster
     in Gluon too (forward 0.85x, forward + backward 0.91x) but stay opt-in until issue 22's bars
-    are measured with them."""
+    are measured with them; short packed-document calls take the Triton backward
+    (``DOCS_BWD_MIN_N``). ``n``: the call's length (None: not known, no length rule)."""
     if not kplans or not all(kp.topk or kp.documents for kp in kplans):
         return "automatic for top-k and packed-document (cu_seqlens) plans only"
+    if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
+        return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
+                f"Triton backward measured faster)")
     version = ".".join(triton.__version__.split(".")[:2])
     if version not in GPU_TESTED:
         return (f"automatic only on Triton {', '.join(GPU_TESTED)}, where its GPU tests ran "

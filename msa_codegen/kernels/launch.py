@@ -64,12 +64,13 @@ def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
     return (qp, kp, qs, ks, *qp.stride(), *kp.stride(), *qs.stride(), *ks.stride())
 
 
-def _gluon_route(plan: AttentionPlan, q_pos) -> bool:
-    """Whether a call asks for the Gluon family (kernels/gluon.py ``requested``) and may take it:
-    without run-time positions, or with packed documents' (cu_seqlens: every group's plan has
-    ``documents``), which the family reads as document bounds."""
+def _gluon_route(plan: AttentionPlan, q_pos, n: int, backward: bool = False) -> bool:
+    """Whether a call of N rows asks for the Gluon family in this direction (kernels/gluon.py
+    ``requested``) and may take it: without run-time positions, or with packed documents'
+    (cu_seqlens: every group's plan has ``documents``), which the family reads as document
+    bounds."""
     kplans = [g.kernel_plan for g in plan.groups]
-    return (q_pos is None or all(kp.documents for kp in kplans)) and _gluon.requested(kplans)
+    return (q_pos is None or all(kp.documents for kp in kplans)) and _gluon.requested(kplans, n, backward)
 
 
 def _on_tensor_device(fn):
@@ -92,7 +93,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
     A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a top-k plan:
     kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
     on them); an ineligible one logs why, once."""
-    if _gluon_route(plan, q_pos):
+    if _gluon_route(plan, q_pos, q.shape[2]):
         why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups])
         if why is None:
             return _gluon.forward(q, k, v, plan, scale, block_indices, q_pos)
@@ -146,7 +147,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
     A call that asks for the Gluon family (as ``forward``) runs its backward when eligible
     (kernels/gluon.py: the same stats pass, then its dK/dV and dQ kernels); an ineligible one
     logs why, once."""
-    if _gluon_route(plan, q_pos):
+    if _gluon_route(plan, q_pos, q.shape[2], backward=True):
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
             return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices, q_pos)

@@ -324,6 +324,11 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
         assert (gluon.auto_reason(topk) is None) == auto
         assert gluon.requested(docs) == auto and gluon.requested(topk + docs[:1]) == auto, version
         assert not gluon.requested(docs + window), version
+        # short packed documents: the Gluon forward, the Triton backward (measured faster there)
+        n = gluon.DOCS_BWD_MIN_N
+        assert gluon.requested(docs, n - 1) == auto and gluon.requested(docs, n, backward=True) == auto, version
+        assert not gluon.requested(docs, n - 1, backward=True), version
+        assert gluon.requested(topk, 100, backward=True) == auto, version
     monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
     line = gluon.describe(topk, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
@@ -642,15 +647,13 @@ def _doc_ids(cases):
 @needs_api
 @pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype,max_len", DOC_CASES, ids=_doc_ids(DOC_CASES))
 def test_gpu_documents_match_the_reference(monkeypatch, pattern, n, d, hq, hkv, dtype, max_len):
-    """Packed documents through msa_codegen.attention(..., cu_seqlens=cu), the family chosen as
-    by default on this Triton or forced by MSA_CODEGEN_GLUON=1: the Gluon forward and backward
-    run (spied), and output, LSE and gradients match the float64 reference."""
+    """Packed documents through msa_codegen.attention(..., cu_seqlens=cu) with
+    MSA_CODEGEN_GLUON=1 (at these lengths the automatic choice takes the Triton backward,
+    ``gluon.DOCS_BWD_MIN_N``): the Gluon forward and backward run (spied), and output, LSE and
+    gradients match the float64 reference."""
     from helpers import _docs
 
-    if gluon.auto_reason([_plan(pattern, documents=True)]) is not None:
-        monkeypatch.setenv(gluon.ENV, "1")
-    else:
-        monkeypatch.delenv(gluon.ENV, raising=False)
+    monkeypatch.setenv(gluon.ENV, "1")
     calls = []
     real, real_bwd = gluon.forward, gluon.backward
     monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append("fwd") or real(*a, **kw))
