@@ -93,7 +93,8 @@ def _tiling(pattern: str, documents: bool = False) -> dict:
     the plan of a call with cu_seqlens."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
-    return rendered_helpers(gluon.render(_plan(pattern, documents)), ("_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
+    return rendered_helpers(gluon.render(_plan(pattern, documents)),
+                            ("_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
                             ("WINDOW", "SINK", "SLOTS"))
 
 
