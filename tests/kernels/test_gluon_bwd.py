@@ -322,18 +322,27 @@ class _Kernel:
         return launch
 
 
-def _model(pattern):
+def _model(pattern, documents=False):
     """The two backward kernels as float64 PyTorch over the rendered tiling helpers, reading and
-    writing what the launcher passes (descriptors' 2-D views, row offsets, the stats rows)."""
-    ns = _tiling(pattern)
+    writing what the launcher passes (descriptors' 2-D views, row offsets, the stats rows; with
+    ``documents``, the DOC array of document bounds)."""
+    ns = _tiling(pattern, documents)
     bm, bnc = gluon.BWD_BLOCK_M, gluon.BLOCK_N // 2
 
+    def split(rest):
+        """(DOC as the helpers' extra arguments, the scalar arguments after it)."""
+        if not documents:
+            return (), rest
+        doc = rest[0]
+        assert doc.dtype == torch.int32 and doc.is_contiguous() and doc.shape == (2, rest[4])
+        return (_Ptr(doc.cpu().numpy().reshape(-1)),), rest[1:]
+
     def dkdv(p0, p1, qd, kd, vd, dod, dkd, dvd, DK, DV, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc,
-             do_b, do_h, do_hc, dk_b, dk_h, dk_hc, dk_sn, dv_b, dv_h, dv_hc, dv_sn, s_b, s_h, HK0, HKS, GROUP, N,
-             qk_scale, sm_scale):
+             do_b, do_h, do_hc, dk_b, dk_h, dk_hc, dk_sn, dv_b, dv_h, dv_hc, dv_sn, s_b, s_h, *rest):
+        doc, (HK0, HKS, GROUP, N, qk_scale, sm_scale) = split(rest)
         assert (dk_sn, dv_sn) == (dkd.view.stride(0), dvd.view.stride(0))
         k0, b, kh = p0 * 2 * bnc, p1 // HKS, HK0 + p1 % HKS
-        qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, N, bm, 2 * bnc))
+        qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, N, *doc, bm, 2 * bnc))
         for off in (0, bnc):
             j0 = k0 + off
             kt, vt = kd.load(b * k_b + kh * k_h + j0, kh * k_hc), vd.load(b * v_b + kh * v_h + j0, kh * v_hc)
@@ -349,7 +358,7 @@ def _model(pattern):
                     delta[:valid] = _rows_of(DELTA, b * s_b + h * s_h + qb * bm, valid)
                     pt = torch.exp2(kt @ qt.T * qk_scale - lse2[None, :])
                     if qb < full_lo or qb >= full_hi:
-                        lo, hi = ns["_key_rows"](np.arange(j0, j0 + bnc), N)
+                        lo, hi = ns["_key_rows"](np.arange(j0, j0 + bnc), N, *doc)
                         pt = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, o_q)).to(pt.device), pt, 0.0)
                     dv += pt @ dot
                     dk += (pt * (vt @ dot.T - delta[None, :])) @ qt
@@ -358,12 +367,13 @@ def _model(pattern):
             dvd.store(b * dv_b + kh * dv_h + j0, kh * dv_hc, dv, rows)
 
     def dq(p0, p1, qd, kd, vd, dod, dqd, DQ, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc, do_b, do_h,
-           do_hc, dq_b, dq_h, dq_hc, dq_sn, s_b, s_h, H0, HS, GROUP, N, qk_scale, sm_scale):
+           do_hc, dq_b, dq_h, dq_hc, dq_sn, s_b, s_h, *rest):
+        doc, (H0, HS, GROUP, N, qk_scale, sm_scale) = split(rest)
         assert dq_sn == dqd.view.stride(0)
         bn = kd.block[0]
         q0, b, h = p0 * 2 * bm, p1 // HS, H0 + p1 % HS
         kh = h // GROUP
-        kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_dq_bounds"](q0, N, 2 * bm, bn))
+        kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_dq_bounds"](q0, N, *doc, 2 * bm, bn))
         for off in (0, bm):
             i0 = q0 + off
             qt, dot = qd.load(b * q_b + h * q_h + i0, h * q_hc), dod.load(b * do_b + h * do_h + i0, h * do_hc)
@@ -376,7 +386,7 @@ def _model(pattern):
                 kt, vt = kd.load(b * k_b + kh * k_h + kb * bn, kh * k_hc), vd.load(b * v_b + kh * v_h + kb * bn, kh * v_hc)
                 p = torch.exp2(qt @ kt.T * qk_scale - lse2[:, None])
                 if kb < full_lo or kb >= full_hi:
-                    lo, hi = ns["_query_keys"](np.arange(i0, i0 + bm), N)
+                    lo, hi = ns["_query_keys"](np.arange(i0, i0 + bm), N, *doc)
                     vis = ns["_in_bounds"](lo, hi, np.arange(kb * bn, kb * bn + bn))
                     p = torch.where(torch.from_numpy(vis).to(p.device), p, 0.0)
                 acc += (p * (dot @ vt.T - delta[:, None])) @ kt
@@ -418,6 +428,42 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
         assert g.stride() == x.stride(), name
         err = rel_err(g, r)
         assert err < FLOOR[torch.float32], f"{name}: {err:.2e}, seed {seed}"
+
+
+MODEL_DOC_CASES = [("window=100", 300, 4, 2, "bhnd", 80), ("causal", 257, 2, 1, "bnhd", 120),
+                   ("causal=false,window=70", 200, 3, 1, "bhnd", 60), ("causal=false", 200, 2, 2, "bnhd", 100)]
+
+
+@pytest.mark.parametrize("pattern,n,hq,hkv,layout,max_len", MODEL_DOC_CASES, ids=[c[0] for c in MODEL_DOC_CASES])
+def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, hq, hkv, layout,
+                                                               max_len):
+    """As above for packed documents (cu_seqlens, lengths 1 to max_len, length-1 documents mixed
+    in): the launcher builds the document bounds from the positions ``attention`` derives and
+    passes them to both kernels; the model tiles by the rendered document helpers. The
+    reference gradients with cu_seqlens."""
+    from helpers import _docs
+    from msa_codegen.sparsity.inputs import normalize
+
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
+    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern, documents=True))
+    d = 64
+    q, k, v, seed = make_inputs(1, hq, hkv, n, d, torch.float32, device, layout)
+    cu = _docs(n, random.Random(seed), max_len=max_len).to(device)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out, lse = msa.reference_attention(q64, k64, v64, pattern, return_lse=True, cu_seqlens=cu)
+    do = torch.randn(out.shape, dtype=torch.float64, device=device)
+    ref = torch.autograd.grad(out, (q64, k64, v64), do)
+    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n, positional=True, segments=True, classes=True)
+    dyn = normalize(plan.head_groups, 1, hq, hkv, n, n, q.device, cu_seqlens=cu)
+    with torch.no_grad():
+        got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(), None, plan,
+                             d ** -0.5, q_pos=dyn.q_pos)
+    for name, g, r, x in zip(("dq", "dk", "dv"), got, ref, (q, k, v)):
+        assert g.stride() == x.stride(), name
+        err = rel_err(g, r)
+        assert err < FLOOR[torch.float32], f"{name}: {err:.2e}, seed {seed}, cu_seqlens {cu.tolist()}"
 
 
 _AOT = """
