@@ -441,8 +441,11 @@ def doc_bounds(q_pos: torch.Tensor, n: int) -> torch.Tensor:
     out = _DOC_BOUNDS.get(key, (q_pos,))
     if out is not None:
         return out
+    pos = q_pos.reshape(-1)
+    if pos.numel() != n:
+        raise ValueError(f"packed documents' positions must be one row of N={n}, got shape {tuple(q_pos.shape)}")
     rows = torch.arange(n, device=q_pos.device, dtype=torch.int32)
-    lo = rows - q_pos.reshape(-1)[-n:].to(torch.int32)
+    lo = rows - pos.to(torch.int32)
     # the end of row i's document: the first later row that starts one (position 0), else n
     starts = torch.where(lo[1:] == rows[1:], rows[1:], n)
     ends = torch.cat([starts, starts.new_full((1,), n)])
