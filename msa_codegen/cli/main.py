@@ -140,8 +140,13 @@ def cmd_render(args) -> int:
         if group.spec.msa:
             print(_msa_source(group.spec), end="")
         else:
-            print(render(lower(group.spec), args.direction), end="")
+            print(render(lower(group.spec, **_documents(args)), args.direction), end="")
     return 0
+
+
+def _documents(args) -> dict:
+    """``lower``'s run-time flags of a call with cu_seqlens (``--documents``), else none."""
+    return dict(positional=True, segments=True, classes=True) if getattr(args, "documents", False) else {}
 
 
 def _render_gluon(pat, args) -> int:
@@ -153,13 +158,14 @@ def _render_gluon(pat, args) -> int:
               f"STAGES={_gluon_family.BWD_RING.get(args.head_dim, '-')}; after the Triton stats pass msa_bwd_pre"
               if bwd else f"launched persistent, num_warps=4, maxnreg={_gluon_family.MAXNREG}, "
               f"STAGES={_gluon_family.RING.get(args.head_dim, '-')}, FOLD=True")
-    print(f"# Gluon {'backward' if bwd else 'forward'} (kernels/gluon.py), run by attention when "
-          f"{_gluon_family.ENV}=1 on a 9.x GPU; head dim {args.head_dim}, {DTYPES[args.dtype]}: "
+    print(f"# Gluon {'backward' if bwd else 'forward'} (kernels/gluon.py), run by attention on a 9.x GPU "
+          f"where asked ({_gluon_family.ENV}=1, or unset: top-k and packed documents on Triton "
+          f"{', '.join(_gluon_family.GPU_TESTED)}); head dim {args.head_dim}, {DTYPES[args.dtype]}: "
           + ("eligible" if why is None else f"not eligible ({why})") + f"; {launch}\n")
     for group in pat.groups:
         if len(pat.groups) > 1:
             print(f"# ---- heads {group.heads} ----")
-        kplan = None if group.spec.msa else lower(group.spec)
+        kplan = None if group.spec.msa else lower(group.spec, **_documents(args))
         reason = (f"msa={group.spec.msa}" if kplan is None
                   else _gluon_family.bwd_pattern_reason(kplan) if bwd else _gluon_family.pattern_reason(kplan))
         if reason:
@@ -321,8 +327,7 @@ def cmd_which(args) -> int:
         res = lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen, db=args.db)
     print(res)
     if not pat.msa_groups:
-        docs = dict(positional=True, segments=True, classes=True) if args.documents else {}
-        kplans = [lower(g.spec, **docs) for g in pat.groups]
+        kplans = [lower(g.spec, **_documents(args)) for g in pat.groups]
         print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim))
         print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim))
     note = _defaults_note(res, name, cap, args.db)
@@ -495,9 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="default: %(default)s")
     p.add_argument("--seqlen", type=int, default=131072, help="length of the launch shown; default: %(default)s")
     p.add_argument("--family", choices=("triton", "gluon"), default="triton",
-                   help="triton: the kernels every GPU runs; gluon: the Hopper kernels that MSA_CODEGEN_GLUON=1 "
-                        "turns on for the plain window terms (forward; backward: windows without sink) "
-                        "(default: %(default)s)")
+                   help="triton: the kernels every GPU runs; gluon: the Hopper kernels (plain window terms, "
+                        "packed documents, top-k; on by default for top-k and documents on the GPU-tested "
+                        "Triton, MSA_CODEGEN_GLUON=1 elsewhere) (default: %(default)s)")
+    p.add_argument("--documents", action="store_true",
+                   help="the kernels of calls that pass cu_seqlens (packed documents)")
     p.set_defaults(fn=cmd_render)
     p = sub.add_parser("mask", help="draw the element mask in ASCII ('#' = visible)")
     p.add_argument("--pattern", required=True)

@@ -229,6 +229,12 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
     assert "backward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
+    p = _ok(run([*CODEGEN, "render", "--pattern", "causal=false,window=64", "--family", "gluon", "--direction",
+                 "bwd", "--documents"], tmp_path))
+    if gluon.api()[0] is not None:
+        assert "def _dkdv_bounds(k0, N, DOC," in p.stdout and "both in one document" in p.stdout
+    p = _ok(run([*CODEGEN, "render", "--pattern", "window=64", "--documents"], tmp_path))
+    assert "positional=1" in p.stdout and "documents=1" in p.stdout
     # packed documents: eligible; a sink with cu_seqlens is not
     p = _ok(run([*CODEGEN, *which[:2], "causal", *which[3:], "--documents"], tmp_path, MSA_CODEGEN_GLUON="0"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
