@@ -164,6 +164,33 @@ def _peak(fn) -> float:
     return torch.cuda.max_memory_allocated() / 2**30
 
 
+def kernel_families(fn) -> str:
+    """Which kernel family ran one call of ``fn`` (our forward + backward), each direction: a spy
+    on the Gluon family's launchers, which ``kernels/launch.py`` calls where that family runs;
+    with how it was asked for (``MSA_CODEGEN_GLUON``). For the CSV's note: a row then says which
+    kernels it timed."""
+    from .kernels import gluon
+
+    ran = []
+    real_f, real_b = gluon.forward, gluon.backward
+
+    def spy_f(*a, **kw):
+        ran.append("fwd")
+        return real_f(*a, **kw)
+
+    def spy_b(*a, **kw):
+        ran.append("bwd")
+        return real_b(*a, **kw)
+
+    gluon.forward, gluon.backward = spy_f, spy_b
+    try:
+        fn()
+    finally:
+        gluon.forward, gluon.backward = real_f, real_b
+    fam = {d: "gluon" if d in ran else "triton" for d in ("fwd", "bwd")}
+    return f"kernels: {fam['fwd']} fwd, {fam['bwd']} bwd ({gluon._setting()})"
+
+
 def _rel(a, b) -> float:
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm()).item()
@@ -259,13 +286,14 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
                 t.grad = None
             fwdbwd_ms = _time(lambda: (fb(), [setattr(t, "grad", None) for t in (q, k, v)]), reps_ms)
             peak = _peak(fb)
+            family = f"; {kernel_families(fb)}" if name == "msa_codegen" else ""
             for t in (q, k, v):
                 t.grad = None
             results[name] = (fwd_ms, fwdbwd_ms)
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
                              fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
                              peak_gib=peak, setup_s=s, max_rel_err=err, status="ok",
-                             note=f"peak/io {peak / io_gib:.2f}"))
+                             note=f"peak/io {peak / io_gib:.2f}{family}"))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()

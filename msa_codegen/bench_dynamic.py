@@ -29,7 +29,7 @@ import time
 import torch
 
 from .api import attention
-from .bench import _peak, _rel, _time, bench_main, label_rows
+from .bench import _peak, _rel, _time, bench_main, kernel_families, label_rows
 from .pattern.spec import parse
 from .sparsity.inputs import CHECKED, PREPARED
 from .sparsity.reference import select_blocks_reference
@@ -214,20 +214,6 @@ def _sdpa(q, k, v):
     return run
 
 
-def _family(case: DynCase) -> str:
-    """What the note says of the kernel family the call asks for (kernels/gluon.py ``requested``)."""
-    from .kernels import gluon
-    from .pattern.lowering import lower
-
-    docs = dict(positional=True, segments=True, classes=True) if case.kind == "docs" and not case.one_doc else {}
-    kplans = [lower(g.spec, **docs) for g in parse(case.pattern).groups]
-    if not gluon.requested(kplans, case.n):
-        return ""
-    if not gluon.requested(kplans, case.n, backward=True):
-        return f"; Gluon forward where eligible, Triton backward ({gluon._setting()})"
-    return f"; Gluon kernels where eligible ({gluon._setting()})"
-
-
 def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
     rows = []
     t0 = time.perf_counter()
@@ -268,11 +254,12 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
             fb()
             fwdbwd_ms = _time(fb, reps_ms)
             peak = _peak(fb)
+            family = f"; {kernel_families(fb)}" if name == "msa_codegen" else ""
             results[name] = (fwd_ms, fwdbwd_ms)
             rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=peak,
                              setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=err, status="ok",
                              note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version"
-                                   f"{_family(case)}"
+                                   f"{family}"
                                    if name == "msa_codegen" else ("same mask" if same else "dense mask: speed only"))))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))

@@ -1,4 +1,5 @@
-"""The benchmark's own arithmetic, checked on the CPU: the peer's mask and the pair count."""
+"""The benchmark's own arithmetic, checked on the CPU: the peer's mask, the pair count, and the
+note that names the kernel family that ran."""
 import pytest
 import torch
 
@@ -16,3 +17,21 @@ def test_peer_mask_and_pair_count_match_the_contract(pattern, n):
     ref = msa.mask(pattern, n)[0]
     assert torch.equal(_mask_mod(spec)(0, 0, i, j).expand(n, n), ref)
     assert attended_pairs(spec, n) == int(ref.sum())
+
+
+def test_kernel_families_names_what_ran(monkeypatch):
+    """The note of our rows says which family ran each direction: spied on the Gluon launchers,
+    restored afterwards."""
+    from msa_codegen.bench import kernel_families
+    from msa_codegen.kernels import gluon
+
+    monkeypatch.setenv(gluon.ENV, "0")
+    q, k, v = (torch.randn(1, 2, 40, 16, requires_grad=True) for _ in range(3))
+    real_f, real_b = gluon.forward, gluon.backward
+    line = kernel_families(lambda: msa.attention(q, k, v, "window=8").sum().backward())
+    assert line == f"kernels: triton fwd, triton bwd ({gluon.ENV}=0)"
+    assert (gluon.forward, gluon.backward) == (real_f, real_b)
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: "o")
+    assert kernel_families(lambda: gluon.forward()).startswith("kernels: gluon fwd, triton bwd")
+    monkeypatch.delenv(gluon.ENV)
+    assert kernel_families(lambda: None).endswith(f"({gluon.ENV} unset: automatic)")
