@@ -1,12 +1,16 @@
 """Where the host time of a short call goes (docs/performance.md, "Short calls: the host path").
 
-    python benchmarks/host_probe.py [--case enc-w256-4k] [--rounds 2]
+    python benchmarks/host_probe.py [--case enc-w256-4k] [--rounds 2] [--families triton,gluon]
     bash benchmarks/run.sh host [ARGS]
 
 Host time is the time to issue calls while queued matmuls keep the GPU busy (so the GPU never
 waits for the host and the host never waits for the GPU); "back to back" is the GPU time of the
 same calls issued in a loop (the larger of host and kernel time). Printed per case:
 
+0. with ``--families``, per kernel family (``MSA_CODEGEN_GLUON=0`` / ``=1``, which families ran
+   each direction is spied): host, back-to-back and kernel time (torch.profiler: the sum of the
+   call's kernels) of a forward and a forward+backward, and the call's kernels by name. Is a
+   short call's slower Gluon backward its host path or its kernels (docs/performance.md)?
 1. host and back-to-back time of a forward and a forward+backward, with direct launches
    (``kernels/direct.py``) on and off, in interleaved rounds;
 2. the same with Triton's launch stubbed out (``JITFunction.run`` returns at once): our Python
@@ -19,16 +23,20 @@ Needs a CUDA GPU. Cases: the short ones of msa-bench and bench_dynamic.
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import statistics
 import time
 
 import torch
 
 CASES = {
-    # name: (pattern, B, H, N, D, hash buckets or 0)
-    "enc-w256-4k": ("causal=false,window=256", 8, 12, 4096, 64, 0),
-    "enc-w512-4k": ("causal=false,window=512", 8, 12, 4096, 64, 0),
-    "hash8-8k": ("causal", 1, 16, 8192, 128, 8),
+    # name: (pattern, B, H, N, D, hash buckets or 0, packed documents of lengths (lo, hi) or None)
+    "enc-w256-4k": ("causal=false,window=256", 8, 12, 4096, 64, 0, None),
+    "enc-w512-4k": ("causal=false,window=512", 8, 12, 4096, 64, 0, None),
+    "hash8-8k": ("causal", 1, 16, 8192, 128, 8, None),
+    # the short documents whose Gluon backward measured slower (2026-12-04)
+    "docs-w4096-8k": ("window=4096", 1, 16, 8192, 128, 0, (512, 4096)),
 }
 
 
@@ -36,6 +44,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", default="enc-w256-4k", choices=sorted(CASES))
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of direct launches on / off")
+    ap.add_argument("--families", default="", help="e.g. triton,gluon: step 0 for each (default: skip it)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_probe.py measures the launch path of a CUDA GPU: no GPU is visible")
@@ -48,11 +57,17 @@ def main(argv=None) -> None:
     from msa_codegen.bench_dynamic import hash_inputs
     from msa_codegen.kernels import direct
 
-    pattern, b, h, n, d, buckets = CASES[args.case]
+    pattern, b, h, n, d, buckets, docs = CASES[args.case]
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     extra = {}
+    if docs:
+        rnd, lens, left = random.Random(0), [], n
+        while left:
+            lens.append(min(left, rnd.randint(*docs)))
+            left -= lens[-1]
+        extra = dict(cu_seqlens=torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32))
     if buckets:
         # bench_dynamic's Hash-sparse inputs: rows sorted by LSH bucket (hash_sort, not timed)
         q, k, v, qp, kp, qb, kb = hash_inputs(q, k, v, buckets)
@@ -90,12 +105,49 @@ def main(argv=None) -> None:
         torch.cuda.synchronize()
         return s.elapsed_time(e) / calls
 
+    def kernels_ms(fn, calls=10):
+        """(total, {kernel: ms}) of one call's GPU kernels, by torch.profiler."""
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        per = {e.key: e.self_device_time_total / 1e3 / calls for e in prof.key_averages()
+               if e.self_device_time_total > 0}
+        return sum(per.values()), per
+
+    print(f"== {args.case}: {pattern!r} B={b} H={h} N={n} D={d}" + (f", {buckets} hash buckets" if buckets else "")
+          + (f", {len(extra['cu_seqlens']) - 1} documents" if docs else ""))
+    print(f"   {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
+
+    # 0. per kernel family
+    from msa_codegen.bench import kernel_families
+    from msa_codegen.kernels import gluon
+
+    setting = os.environ.get(gluon.ENV)
+    for family in filter(None, args.families.split(",")):
+        os.environ[gluon.ENV] = {"triton": "0", "gluon": "1"}[family]
+        for _ in range(3):
+            fwd_bwd()
+        ran = kernel_families(fwd_bwd)
+        k_f, _ = kernels_ms(fwd)
+        k_fb, per = kernels_ms(fwd_bwd)
+        print(f"0. {family} ({ran}): host fwd {host_ms(fwd):.3f} ms, fwd+bwd {host_ms(fwd_bwd):.3f} ms | back to "
+              f"back fwd {loop_ms(fwd):.3f} ms, fwd+bwd {loop_ms(fwd_bwd):.3f} ms | kernels fwd {k_f:.3f} ms, "
+              f"fwd+bwd {k_fb:.3f} ms")
+        for name, ms in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"   {ms:8.3f} ms  {name[:100]}")
+    if setting is None:
+        os.environ.pop(gluon.ENV, None)
+    else:
+        os.environ[gluon.ENV] = setting
+
     for _ in range(5):
         fwd_bwd()
         fwd()
     torch.cuda.synchronize()
-    print(f"== {args.case}: {pattern!r} B={b} H={h} N={n} D={d}" + (f", {buckets} hash buckets" if buckets else ""))
-    print(f"   {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
 
     # 1. direct launches on / off
     enabled = direct.ENABLED

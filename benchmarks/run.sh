@@ -21,7 +21,8 @@
 #              --rounds 7
 #   host       benchmarks/host_probe.py: where a short call's host time goes (direct launches on /
 #              off, Triton's launch stubbed out, each kernel's launch three ways); ARGS e.g.
-#              --case hash8-8k
+#              --case hash8-8k, or --case docs-w4096-8k --families triton,gluon (host against
+#              kernel time per family first)
 #   ceiling    benchmarks/ceiling_probe.py: the floors of the backward's loop structure next to our
 #              kernels (docs/performance.md); ARGS e.g. --kinds dkdv,dq
 #   select     benchmarks/select_probe.py: select_blocks' selection kernel in its launch variants
