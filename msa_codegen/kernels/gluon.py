@@ -116,7 +116,7 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False) -> str | N
     documents of 1k-16k, ``window=4096``, 0.72-0.75x / 0.73-0.74x (two runs, 2026-12-04), dense
     causal 0.89x / 0.79x. Plain windows are faster in Gluon on the long msa-bench rows
     (forward 0.85x, forward + backward 0.91x for ``window=4096``) but stay opt-in: on the short
-    encoder rows (B=8, N=4096-8192, D=64) two of four ran slower forward + backward, up to 2.2x
+    encoder rows (B=8, N=4096-8192, D=64) three of four ran slower forward + backward, up to 2.2x
     (docs/performance.md). Short packed-document calls take the Triton backward
     (``DOCS_BWD_MIN_N``). ``n``: the call's length (None: not known, no length rule)."""
     if not kplans or not all(kp.topk or kp.documents for kp in kplans):
