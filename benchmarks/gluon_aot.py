@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from msa_codegen.kernels import gluon  # noqa: E402
-from msa_codegen.pattern.lowering import lower  # noqa: E402
+from msa_codegen.pattern.lowering import CU_SEQLENS, lower  # noqa: E402
 from msa_codegen.pattern.spec import parse  # noqa: E402
 
 PATTERNS = ["window=4096", "causal", "causal=false", "causal=false,window=512", "window=4096,sink=64",
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--directions", default="fwd,bwd", help="default: %(default)s")
     ap.add_argument("--documents", action="store_true", help="the plans of calls with cu_seqlens")
     args = ap.parse_args(argv)
-    docs = dict(positional=True, segments=True, classes=True) if args.documents else {}
+    docs = CU_SEQLENS if args.documents else {}
     from gluon_probe import _ptxas_regs
 
     rc = 0

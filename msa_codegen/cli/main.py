@@ -24,7 +24,7 @@ from ..heuristics import default_config
 from ..kernels import gluon as _gluon_family
 from ..kernels import schedule
 from ..kernels.render import MSA_KERNELS, render
-from ..pattern.lowering import lower
+from ..pattern.lowering import CU_SEQLENS, lower
 from ..pattern.reference import mask, spec_mask
 from ..pattern.spec import msa_split, parse
 from ..tuning import gpu as _gpu
@@ -146,7 +146,7 @@ def cmd_render(args) -> int:
 
 def _documents(args) -> dict:
     """``lower``'s run-time flags of a call with cu_seqlens (``--documents``), else none."""
-    return dict(positional=True, segments=True, classes=True) if getattr(args, "documents", False) else {}
+    return CU_SEQLENS if getattr(args, "documents", False) else {}
 
 
 def _render_gluon(pat, args) -> int:

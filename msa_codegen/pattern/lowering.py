@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
 
 from .spec import Spec
 
@@ -116,6 +117,10 @@ class KernelPlan:
 
 
 _OPTIONAL_FIELDS = {"topk": 0, "positional": False, "segments": False, "classes": False, "documents": False}
+
+#: ``lower``'s (and ``plan_for``'s) run-time flags of a call with ``cu_seqlens`` (packed
+#: documents), as ``api.attention`` derives them: ``lower(spec, **CU_SEQLENS)``
+CU_SEQLENS = types.MappingProxyType(dict(positional=True, segments=True, classes=True))
 
 
 def lower(spec: Spec, *, positional: bool = False, segments: bool = False, classes: bool = False) -> KernelPlan:

@@ -28,7 +28,7 @@ import msa_codegen as msa
 from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
     make_inputs, rel_err, rendered_helpers, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
-from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
 from msa_codegen.plan import plan_for
 
@@ -39,7 +39,7 @@ needs_api = pytest.mark.skipif(NAMES is None, reason=f"no Gluon for Hopper here:
 def _plan(pattern: str, documents: bool = False):
     """The first head group's plan; ``documents``: as a call with cu_seqlens lowers it."""
     spec = parse(pattern).groups[0].spec
-    return lower(spec, positional=True, segments=True, classes=True) if documents else lower(spec)
+    return lower(spec, **CU_SEQLENS) if documents else lower(spec)
 
 
 ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",
@@ -455,7 +455,7 @@ def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, devi
     out, lse = msa.reference_attention(q64, k64, v64, pattern, return_lse=True, cu_seqlens=cu)
     do = torch.randn(out.shape, dtype=torch.float64, device=device)
     ref = torch.autograd.grad(out, (q64, k64, v64), do)
-    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n, positional=True, segments=True, classes=True)
+    plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n, **CU_SEQLENS)
     dyn = normalize(plan.head_groups, 1, hq, hkv, n, n, q.device, cu_seqlens=cu)
     with torch.no_grad():
         got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(), None, plan,
