@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     from triton import knobs
 
     import msa_codegen
-    from msa_codegen.bench_dynamic import hash_inputs
+    from msa_codegen.bench_dynamic import doc_offsets, hash_inputs
     from msa_codegen.kernels import direct
 
     pattern, b, h, n, d, buckets, docs = CASES[args.case]
@@ -63,11 +63,7 @@ def main(argv=None) -> None:
     do = torch.randn_like(q)
     extra = {}
     if docs:
-        rnd, lens, left = random.Random(0), [], n
-        while left:
-            lens.append(min(left, rnd.randint(*docs)))
-            left -= lens[-1]
-        extra = dict(cu_seqlens=torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32))
+        extra = dict(cu_seqlens=doc_offsets(n, *docs, random.Random(0)).cuda())
     if buckets:
         # bench_dynamic's Hash-sparse inputs: rows sorted by LSH bucket (hash_sort, not timed)
         q, k, v, qp, kp, qb, kb = hash_inputs(q, k, v, buckets)

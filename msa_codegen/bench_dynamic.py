@@ -78,13 +78,9 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
     peers = {}
     note = ""
     if case.kind == "docs":
-        lens, left = [], n
-        while left:
-            ln = left if case.one_doc else min(left, rnd.randint(1024, 16384))
-            lens.append(ln)
-            left -= ln
-        cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
-        note = "one document of N (cu_seqlens = [0, N])" if case.one_doc else f"{len(lens)} documents of 1k-16k"
+        cu = torch.tensor([0, n], dtype=torch.int32) if case.one_doc else doc_offsets(n, 1024, 16384, rnd)
+        cu = cu.to(device)
+        note = "one document of N (cu_seqlens = [0, N])" if case.one_doc else f"{len(cu) - 1} documents of 1k-16k"
 
         def ours():
             return attention(q, k, v, case.pattern, cu_seqlens=cu)
@@ -144,6 +140,15 @@ def build(case: DynCase, device="cuda", dtype=torch.bfloat16, seed=0, with_peers
     else:
         raise ValueError(f"unknown kind {case.kind!r}")
     return ours, peers, grads, note
+
+
+def doc_offsets(n: int, lo: int, hi: int, rnd: random.Random) -> torch.Tensor:
+    """int32 cu_seqlens of documents of random lengths lo..hi (the last one what is left) filling n."""
+    lens, left = [], n
+    while left:
+        lens.append(min(left, rnd.randint(lo, hi)))
+        left -= lens[-1]
+    return torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
 
 
 def hash_inputs(q, k, v, buckets: int):
