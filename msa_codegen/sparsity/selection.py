@@ -67,6 +67,47 @@ def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
     return out
 
 
+#: the block means by ``block_means_pair_kernel`` (q and k in one launch) with these options
+#: (BLOCK_R, BLOCKS, STEP_SUM, num_warps; ``_pair_meta``), or None: two launches of
+#: ``block_means_kernel`` (the default until the pair kernel is timed on a GPU; benchmarks/select_probe.py)
+PAIR_MEANS: dict | None = None
+
+#: the long rows' selection form (nb >= LONG_SELECT, K <= 16): "insert" (insert_keys, the default),
+#: "pending" or "threshold" (``select_kernels._pending_top``; options until timed on a GPU)
+LONG_FORM = "insert"
+
+
+def _pair_meta(d: int, block: int, group: int, opts: dict) -> dict:
+    """``block_means_pair_kernel``'s constexprs and launch options; ``opts`` overrides BLOCK_R,
+    BLOCKS (blocks a program), STEP_SUM, num_warps (defaults: the two-launch form's rows and warps,
+    one block, no per-step sums)."""
+    base = _means_meta(d, block, group)
+    meta = dict(base, BLOCKS=1, STEP_SUM=False)
+    meta.update(opts)
+    meta["BLOCK_R"] = min(meta["BLOCK_R"], max(16, pow2(block)))
+    return meta
+
+
+def _block_means_pair(q: torch.Tensor, k: torch.Tensor, block: int, opts: dict):
+    """``_block_means(q, block, Hq / Hkv)`` and ``_block_means(k, block)`` by one launch of
+    ``block_means_pair_kernel``: the same float32 means up to the order of the sums."""
+    b, hq, n, d = q.shape
+    hkv = k.shape[1]
+    nb = cdiv(n, block)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    qm = torch.empty(b, hkv, nb, d, dtype=torch.float32, device=q.device)
+    km = torch.empty(b, hkv, nb, d, dtype=torch.float32, device=q.device)
+    if qm.numel():
+        meta = _pair_meta(d, block, hq // hkv, opts)
+        _kernels().block_means_pair_kernel[(cdiv(nb, meta["BLOCKS"]), 2 * b * hkv)](
+            q, k, qm, km, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            n, nb, hkv, b * hkv, **meta)
+    return qm, km
+
+
 def _means_meta(d: int, block: int, group: int) -> dict:
     """The block-means kernel's constexprs and launch options: rows summed BLOCK_R at a time."""
     bd = block_d(d)
@@ -112,7 +153,8 @@ def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
         # D=256: 64 rows (128 asked for 320 KiB of shared memory)
         block_m, block_n, warps, insert = (128 if bd <= 128 else 64), max(16, min(64, 8192 // bd)), 8, True
     return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="tf32x3",
-                INSERT=insert, SPLIT=1, FIRST_SORT=insert, num_warps=warps, num_stages=2)
+                INSERT=insert, SPLIT=1, FIRST_SORT=insert, PENDING=False, THRESHOLD=False, num_warps=warps,
+                num_stages=2)
 
 
 @torch.no_grad()
@@ -168,10 +210,16 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     out = torch.full((b, hkv, nb, topk), -1, dtype=torch.int32, device=q.device)
     if out.numel() == 0:
         return out
-    qm = _block_means(q, block, hq // hkv)                             # (B, Hkv, nb, D)
-    km = _block_means(k, block)                                        # (B, Hkv, nb, D)
+    if PAIR_MEANS is None:
+        qm = _block_means(q, block, hq // hkv)                         # (B, Hkv, nb, D)
+        km = _block_means(k, block)                                    # (B, Hkv, nb, D)
+    else:
+        qm, km = _block_means_pair(q, k, block, PAIR_MEANS)
     # a row has at most nb candidates: slots past them stay -1
     meta = _select_meta(d, min(topk, nb), causal, nb)
+    if meta["INSERT"] and LONG_FORM != "insert":
+        # the pending forms keep a sorted top: merge_top's BLOCK_N (a multiple of W) and warps
+        meta = dict(meta, INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=LONG_FORM == "threshold")
     row_tiles = cdiv(nb, meta["BLOCK_M"])
     # (measured for W=16 only, where the kept keys of the runs are few)
     split = _split(row_tiles * b * hkv, cdiv(nb, meta["BLOCK_N"])) if meta["W"] <= 16 and not meta["INSERT"] else 1

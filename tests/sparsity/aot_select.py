@@ -11,10 +11,13 @@ import sys
 from msa_codegen.sparsity import selection
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "msa"))
+# benchmarks/: the probe's variants of the means kernel
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 from aot_msa import within_shared  # noqa: E402   (tests/msa: the MSA kernels' compile check)
 
 #: argument types the MSA launchers' defaults do not give
-TYPES = {"NB": "i32", "HO": "i32", "K_OUT": "i32", "OUT": "*fp32", "QM": "*fp32", "KM": "*fp32", "TOPS": "*i64"}
+TYPES = {"NB": "i32", "HO": "i32", "BHO": "i32", "K_OUT": "i32", "OUT": "*fp32", "QM": "*fp32", "KM": "*fp32",
+         "TOPS": "*i64"}
 
 
 def main():
@@ -40,8 +43,21 @@ def main():
         meta = dict(selection._select_meta(128, 16, True), INSERT=True, BLOCK_M=block_m, BLOCK_N=block_n,
                     num_warps=warps)
         jobs.append((k.block_select_kernel, meta, "bf16", f"D=128 K=16 INSERT {block_m}x{block_n} {warps} warps"))
+    # the pending forms of long rows (options until timed): a sorted top, keys waiting at their column
+    for d, causal, form in ((128, True, "pending"), (128, True, "threshold"), (128, False, "threshold"),
+                            (256, True, "threshold"), (64, True, "pending")):
+        meta = dict(selection._select_meta(d, 16, causal, selection.LONG_SELECT), INSERT=False, FIRST_SORT=False,
+                    PENDING=True, THRESHOLD=form == "threshold")
+        jobs.append((k.block_select_kernel, meta, "bf16", f"D={d} K=16 causal={causal} long rows {form}"))
+    # the block means of q and k in one launch (options until timed), the probe's variants
+    from select_probe import PAIR_MEANS
+    for opts in PAIR_MEANS:
+        jobs.append((k.block_means_pair_kernel, selection._pair_meta(128, 128, 1, opts), "bf16",
+                     f"pair D=128 block=128 {opts}"))
+    jobs.append((k.block_means_pair_kernel, selection._pair_meta(80, 64, 4, dict(STEP_SUM=True, BLOCK_R=32)), "fp16",
+                 "pair D=80 block=64 G=4 STEP_SUM"))
     for kern, meta, x_dtype, what in jobs:
-        if not within_shared([(kern, meta, what)], types=dict(TYPES, X="*" + x_dtype)):
+        if not within_shared([(kern, meta, what)], types=dict(TYPES, **{x: "*" + x_dtype for x in ("X", "Q", "K")})):
             return 1
     return 0
 

@@ -120,6 +120,79 @@ def test_long_rows_form(causal, device, monkeypatch):
     assert_selects_like_reference(idx.cpu(), q, k, 16, 8, causal)
 
 
+def _tie_inputs(gen, nb, block, d, hkv=1, short=0):
+    """Integer q and k whose key blocks repeat three patterns: many exactly equal scores."""
+    q = torch.randint(-2, 3, (1, 2 * hkv, nb * block - short, d), generator=gen).float()
+    pats = torch.randint(-2, 3, (3, block, d), generator=gen).float()
+    k = pats[torch.randint(0, 3, (hkv * nb,), generator=gen)].reshape(1, hkv, nb * block, d)[:, :, :q.shape[2]]
+    return q, k.contiguous()
+
+
+@pytest.mark.parametrize("form", ["pending", "threshold"])
+@pytest.mark.parametrize("n,hq,hkv,d,topk,block,causal,block_m,split", [
+    pytest.param(41 * 8 - 5, 4, 2, 16, 16, 8, True, 16, 1, id="n323-gqa2-k16"),
+    pytest.param(41 * 8 - 5, 2, 1, 16, 5, 8, False, 32, 3, id="n323-k5-bidir-split3"),
+    pytest.param(301, 2, 1, 16, 30, 16, True, 16, 1, id="n301-k-over-candidates"),
+    pytest.param(200, 2, 1, 16, 40, 16, False, 16, 1, id="n200-k-over-candidates-bidir"),
+])
+def test_pending_forms_match_current(form, n, hq, hkv, d, topk, block, causal, block_m, split, device, monkeypatch):
+    """The long rows' pending forms (``_pending_top``: keys wait at their tile column, merged when
+    one would land on another; THRESHOLD: only keys at or above a bound from tile-column maxima
+    wait), here at small tiles so that merges happen mid-row: the same indices as the launcher's
+    form, exactly, and the reference's selection; ties too."""
+    gen = torch.Generator().manual_seed(n + topk)
+    q = torch.randn(1, hq, n, d, generator=gen)
+    k = torch.randn(1, hkv, n, d, generator=gen)
+    qi, ki = _tie_inputs(gen, 25, 8, 16)   # whole blocks: exact means, exact scores
+    want = [msa.select_blocks(x.to(device), y.to(device), topk, block=b, causal=causal).cpu()
+            for x, y, b in ((q, k, block), (qi, ki, 8))]
+    meta = selection._select_meta
+    monkeypatch.setattr(selection, "_select_meta", lambda *a: dict(
+        meta(*a), INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=form == "threshold", BLOCK_M=block_m,
+        BLOCK_N=max(16, meta(*a)["W"])))
+    monkeypatch.setattr(selection, "_split", lambda programs, tiles: split)
+    got = msa.select_blocks(q.to(device), k.to(device), topk, block=block, causal=causal).cpu()
+    assert torch.equal(got, want[0])
+    assert_selects_like_reference(got, q, k, topk, block, causal)
+    got = msa.select_blocks(qi.to(device), ki.to(device), topk, block=8, causal=causal).cpu()
+    assert torch.equal(got, want[1])
+    assert torch.equal(got, select_blocks_reference(qi, ki, topk, 8, causal=causal))
+
+
+def test_long_form_switch(device, monkeypatch):
+    """``LONG_FORM`` and ``PAIR_MEANS`` as select_blocks launches them (long rows lowered to 24
+    blocks, BLOCK_M 128): the launcher's indices, GQA and an odd N."""
+    monkeypatch.setattr(selection, "LONG_SELECT", 24)
+    assert selection._select_meta(16, 16, True, 24)["BLOCK_N"] % 16 == 0
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 24 * 8 - 3, 16, generator=gen)
+    k = torch.randn(1, 1, 24 * 8 - 3, 16, generator=gen)
+    want = msa.select_blocks(q.to(device), k.to(device), 7, block=8)
+    monkeypatch.setattr(selection, "LONG_FORM", "threshold")   # (pending: the test above)
+    monkeypatch.setattr(selection, "PAIR_MEANS", dict(STEP_SUM=True, BLOCK_R=4, num_warps=2))
+    got = msa.select_blocks(q.to(device), k.to(device), 7, block=8)
+    assert torch.equal(got.cpu(), want.cpu())
+    assert_selects_like_reference(got.cpu(), q, k, 7, 8, True)
+
+
+@pytest.mark.parametrize("opts", [{}, dict(BLOCKS=3), dict(STEP_SUM=True, BLOCK_R=16, num_warps=2),
+                                  dict(STEP_SUM=True, BLOCK_R=32, BLOCKS=2)],
+                         ids=["as-two-launches", "blocks3", "step-sum16", "step-sum32-blocks2"])
+@pytest.mark.parametrize("n", [1, 301])
+def test_pair_means_match_float64(n, opts):
+    """block_means_pair_kernel: q's means over a GQA group of 3 and k's in one launch, the last
+    block short and, with BLOCKS, programs past the last block: the float64 means."""
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(2, 6, n, 16, generator=gen).half()
+    k = torch.randn(2, 2, n, 16, generator=gen).half()
+    qm, km = selection._block_means_pair(q, k, 64, opts)
+    nb = -(-n // 64)
+    want_q = block_means_reference(q, 64).view(2, 2, 3, nb, 16).mean(2)
+    assert qm.dtype == km.dtype == torch.float32 and qm.shape == km.shape == (2, 2, nb, 16)
+    assert torch.allclose(qm.double(), want_q, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(km.double(), block_means_reference(k, 64), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_ties_go_to_the_lower_block(causal, device):
     """Integer inputs with few distinct key blocks: many exactly equal scores, exact in float32
