@@ -19,6 +19,10 @@ the same one:
   type (Triton passes it as fp32, unspecialized);
 - every tensor by dtype and 16-byte alignment of its data pointer (what Triton specializes
   tensors on);
+- every host-built tensor descriptor (the Gluon family's TMA descriptors) by its type, its
+  tensor's dtype and alignment, its shape, strides, block shape, shared-memory layout and
+  padding (Triton specializes on the dtype, block shape and layout; the compiled kernel's
+  launcher builds the TMA descriptor from the object on every launch, as Triton's path does);
 - the keyword arguments (constexprs and launch options) by value, the device, and the Triton
   knobs that enter its key (debug, instrumentation mode).
 
@@ -78,12 +82,25 @@ def _getter(idx: list[int]):
     return (lambda a: (a[idx[0]],)) if idx else (lambda a: ())
 
 
+def _is_descriptor(a) -> bool:
+    # a host-built tensor descriptor (Triton's or Gluon's TensorDescriptor): a tensor and a block
+    return not isinstance(a, torch.Tensor) and hasattr(a, "base") and hasattr(a, "block_shape")
+
+
+def _descriptor_key(d) -> tuple:
+    return (type(d), d.base.dtype, d.base.data_ptr() % 16 == 0, tuple(d.shape), tuple(d.strides),
+            tuple(d.block_shape), getattr(d, "layout", None), getattr(d, "padding", None),
+            getattr(d, "round_f32_to_tf32", None))
+
+
 def _split(args) -> tuple:
-    """Getters of a call site's tensors, floats and other arguments, by position."""
+    """Getters of a call site's tensors, floats, tensor descriptors and other arguments, by position."""
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     floats = [i for i, a in enumerate(args) if type(a) is float]
-    taken = set(tensors + floats)
-    return _getter(tensors), _getter(floats), _getter([i for i in range(len(args)) if i not in taken])
+    descs = [i for i, a in enumerate(args) if _is_descriptor(a)]
+    taken = set(tensors + floats + descs)
+    return (_getter(tensors), _getter(floats), _getter([i for i in range(len(args)) if i not in taken]),
+            _getter(descs))
 
 
 def signature(kern, args, kw, layout, device, options) -> tuple:
@@ -91,11 +108,11 @@ def signature(kern, args, kw, layout, device, options) -> tuple:
     ``_split(args)`` of the call site. Values with their types: 1, True and 1.0 are three keys,
     as they are three specializations for Triton; a float by its type alone (Triton passes it
     as fp32, unspecialized)."""
-    get_t, get_f, get_r = layout
+    get_t, get_f, get_r, get_d = layout
     rest = get_r(args)
     tensors = tuple((t.dtype, t.data_ptr() % 16 == 0) for t in get_t(args))
     return (kern, len(args), device, rest, tuple(map(type, rest)), tuple(map(type, get_f(args))), tensors,
-            tuple(kw.items()), tuple(map(type, kw.values())), options)
+            tuple(map(_descriptor_key, get_d(args))), tuple(kw.items()), tuple(map(type, kw.values())), options)
 
 
 def _tail(kern, nargs: int, kw) -> tuple:
@@ -124,8 +141,8 @@ def launch(kern, grid, *args, **kw) -> None:
     if layout is not None:
         try:
             hit = _compiled.get(signature(kern, args, kw, layout, device, options))
-        except AttributeError:   # a non-tensor where the call site had a tensor: lay it out again
-            pass
+        except (AttributeError, TypeError):   # a non-tensor where the call site had a tensor, a
+            pass                               # descriptor where it had a value: lay it out again
     if hit is None:
         compiled = kern[grid](*args, **kw)
         layout = _layouts[(kern, len(args))] = _split(args)

@@ -54,6 +54,7 @@ from ..pattern.lowering import KernelPlan
 from ..version import __version__
 from ..sparsity.inputs import TensorLRU
 from ..sparsity.tables import inverse_table, merged_block_tables
+from . import direct
 from . import render as _render
 
 ENV = "MSA_CODEGEN_GLUON"
@@ -89,15 +90,15 @@ _noted: set[tuple] = set()
 GPU_TESTED = ("3.6",)
 
 
-def requested(kplans=(), n: int | None = None, backward: bool = False) -> bool:
-    """Whether a call of these head groups' plans (N rows; its forward, or its backward) asks
-    for the Gluon family, read on every call (one process can time both families):
-    ``MSA_CODEGEN_GLUON=1`` always (where eligible), any other value never; unset, the
-    automatic choice (``auto_reason``)."""
+def requested(kplans=(), n: int | None = None, backward: bool = False, head_dim: int | None = None) -> bool:
+    """Whether a call of these head groups' plans (N rows, head dim D; its forward, or its
+    backward) asks for the Gluon family, read on every call (one process can time both
+    families): ``MSA_CODEGEN_GLUON=1`` always (where eligible), any other value never; unset,
+    the automatic choice (``auto_reason``)."""
     setting = os.environ.get(ENV)
     if setting is not None:
         return setting == "1"
-    return auto_reason(kplans, n, backward) is None
+    return auto_reason(kplans, n, backward, head_dim) is None
 
 
 #: the automatic choice takes the Gluon backward of packed documents from this length on: at
@@ -107,7 +108,15 @@ def requested(kplans=(), n: int | None = None, backward: bool = False) -> bool:
 DOCS_BWD_MIN_N = 16384
 
 
-def auto_reason(kplans, n: int | None = None, backward: bool = False) -> str | None:
+def _cost_ordered_dense(kplans, head_dim) -> bool:
+    """Plans whose forward runs faster in Gluon's cost-ordered schedule (``cost_order``): causal
+    dense at D=128. H200, Triton 3.6, 2026-12-04, B=1, H=16, bf16, one process: 0.71x / 0.88x /
+    0.94x / 0.98x the Triton forward's time at N=4096 / 8192 / 16384 / 32768; at D=64 (H=32,
+    N=16384) 1.03x, so D=64 stays on Triton."""
+    return bool(kplans) and head_dim == 128 and all(cost_order(kp) for kp in kplans)
+
+
+def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: int | None = None) -> str | None:
     """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
     plans on the Triton kernels (None: it asks for the Gluon family). Automatic: plans of the
     top-k term alone, and plans of packed documents (cu_seqlens), on a Triton where the family
@@ -118,9 +127,14 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False) -> str | N
     (forward 0.85x, forward + backward 0.91x for ``window=4096``) but stay opt-in: on the short
     encoder rows (B=8, N=4096-8192, D=64) three of four ran slower forward + backward, up to 2.2x
     (docs/performance.md). Short packed-document calls take the Triton backward
-    (``DOCS_BWD_MIN_N``). ``n``: the call's length (None: not known, no length rule)."""
-    if not kplans or not all(kp.topk or kp.documents for kp in kplans):
-        return "automatic for top-k and packed-document (cu_seqlens) plans only"
+    (``DOCS_BWD_MIN_N``). Causal dense plans at D=128 take the Gluon forward
+    (``_cost_ordered_dense``; the family has no dense backward without documents, so the Triton
+    backward runs on its o and LSE). ``n``: the call's length (None: not known, no length rule);
+    ``head_dim`` None: not known (no dense plan is automatic)."""
+    if not kplans or not (all(kp.topk or kp.documents for kp in kplans) or _cost_ordered_dense(kplans, head_dim)):
+        return "automatic for top-k, packed-document (cu_seqlens) and causal dense D=128 plans only"
+    if backward and not all(kp.topk or kp.documents for kp in kplans):
+        return "the forward only for causal dense plans (the family's dense backward needs packed documents)"
     if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
         return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
                 f"Triton backward measured faster)")
@@ -290,17 +304,20 @@ def _call_reason(q: torch.Tensor, k: torch.Tensor) -> str | None:
     return None
 
 
-def slower_reason(kplans) -> str | None:
-    """Why the Triton forward is the faster of the two for these head groups' plans (None: Gluon
-    measured faster). ``why_not`` says what the family can run; this says where it pays. Dense
-    patterns run slower in the persistent schedule: causal N=16384, B=1, H=16, D=128, bf16 took
-    2.450 ms against the Triton forward's 1.995 (H200, Triton 3.6, 2026-12-03,
-    ``bash benchmarks/run.sh gluon``), where ``window=4096`` took 0.856x its time. The GPU tests
-    still run the dense kernels directly (``forward``). Over packed documents the dense forward
-    is the faster one: causal, 13 documents of 1k-16k, N=131072, H=16, 11.54 ms against 13.46
-    (H200, Triton 3.6, 2026-12-04)."""
-    if any(kp.dense and not kp.has_window and not kp.documents for kp in kplans):
-        return "dense pattern (no window): the Triton forward measured faster (1.23x less time, causal N=16384)"
+def slower_reason(kplans, head_dim: int | None = None) -> str | None:
+    """Why the Triton forward is the faster of the two for these head groups' plans at head dim
+    ``head_dim`` (None: Gluon measured faster). ``why_not`` says what the family can run; this
+    says where it pays. Dense plans without documents: causal at D=128 runs faster in Gluon's
+    cost-ordered schedule (``_cost_ordered_dense``; head-major, as before 2026-12-04, it took
+    2.446 ms against the Triton forward's 2.004 at N=16384, H=16); causal at D=64 measured
+    1.03x the Triton forward's time; bidirectional dense is untimed. Over packed documents the
+    dense forward is the faster one: causal, 13 documents of 1k-16k, N=131072, H=16, 11.54 ms
+    against 13.46 (H200, Triton 3.6, 2026-12-04). The GPU tests run every dense kernel directly
+    (``forward``)."""
+    dense = [kp for kp in kplans if kp.dense and not kp.has_window and not kp.documents]
+    if dense and not _cost_ordered_dense(dense, head_dim):
+        return ("dense pattern (no window): the Triton forward measured faster or as fast, except causal at "
+                "D=128 (causal D=64: 1.03x less time, N=16384; bidirectional: not timed)")
     return None
 
 
@@ -351,15 +368,15 @@ def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
     """One line for ``msa-codegen which``: the forward family a call of these head groups' plans
     runs on this capability / dtype / head dim, and why not Gluon."""
     why = next((pattern_reason(kp) for kp in groups if pattern_reason(kp)), None)
-    why = why or slower_reason(groups) or capability_reason(capability, dtype, head_dim) or api()[1]
-    return _describe("forward", groups, why)
+    why = why or slower_reason(groups, head_dim) or capability_reason(capability, dtype, head_dim) or api()[1]
+    return _describe("forward", groups, why, head_dim)
 
 
-def _describe(family: str, groups, why: str | None) -> str:
-    if not requested(groups):
+def _describe(family: str, groups, why: str | None, head_dim: int | None = None) -> str:
+    if not requested(groups, head_dim=head_dim):
         state = "eligible" if why is None else f"not eligible: {why}"
         setting = os.environ.get(ENV)
-        asked = f"{ENV}={setting}" if setting is not None else f"{ENV} is not set, {auto_reason(groups)}"
+        asked = f"{ENV}={setting}" if setting is not None else f"{ENV} is not set, {auto_reason(groups, head_dim=head_dim)}"
         return f"{family} kernels: triton ({asked}; gluon {state})"
     if why is None:
         return f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address run triton)"
@@ -370,7 +387,7 @@ def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int) -> 
     """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon."""
     why = next((bwd_pattern_reason(kp) for kp in groups if bwd_pattern_reason(kp)), None)
     why = why or capability_reason(capability, dtype, head_dim) or api()[1]
-    return _describe("backward", groups, why)
+    return _describe("backward", groups, why, head_dim)
 
 
 # ---- rendering and loading ------------------------------------------------------------------
@@ -414,14 +431,19 @@ def load(kplan: KernelPlan, direction: str = "fwd"):
 
 # ---- launcher -------------------------------------------------------------------------------
 
-def _descriptor(x: torch.Tensor, rows: int, cols: int, block: list[int]):
+@functools.lru_cache(maxsize=64)
+def _smem_layout(block: tuple[int, int], dtype: torch.dtype):
+    """The NVMMA shared layout of a TMA block (computing it took 4 us a descriptor, on every call)."""
     from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def _descriptor(x: torch.Tensor, rows: int, cols: int, block: list[int]):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    gdt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
     # rows past the tensor's end read TMA's zeros (the last tile of the last head)
-    return TensorDescriptor(x, [rows, cols], [x.stride(2), 1], block, layout)
+    return TensorDescriptor(x, [rows, cols], [x.stride(2), 1], block, _smem_layout(tuple(block), x.dtype))
 
 
 @functools.lru_cache(maxsize=16)
@@ -466,6 +488,14 @@ def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
         qb = torch.arange(table.shape[2], device=table.device, dtype=table.dtype)[:, None]
         table = table.masked_fill(table > qb, -1)
     return table.sort(dim=-1, descending=True).values.contiguous()
+
+
+def cost_order(kplan: KernelPlan) -> bool:
+    """Whether the forward deals its tiles out by cost (the template's ``_tile``, LPT) rather than
+    head-major: for causal dense plans (no window, no documents, no top-k), whose query tiles cost
+    in proportion to their row. Head-major there gave the first programs the longest row of
+    every head (132 programs over heads of 128 tiles at N=16384)."""
+    return kplan.causal and kplan.dense and not kplan.documents and not kplan.topk
 
 
 def _doc_args(plan, q_pos, n) -> tuple:
@@ -515,11 +545,11 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
                 raise ValueError(f"{plan.pattern_text!r}: a top-k plan needs block_indices")
             table = topk_rows(grp.spec, block_indices, n)
             targs = (table, table.stride(0), table.stride(1))
-        kern[(min(sms, tiles),)](
-            qd, kd, vd, od, o, lse,
+        direct.launch(
+            kern, (min(sms, tiles),), qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
             *targs, grp.h0, hs, hq, group, n, tiles, qk_scale,
-            STAGES=RING[d], FOLD=True, num_warps=4, maxnreg=MAXNREG,
+            STAGES=RING[d], FOLD=True, LPT=cost_order(grp.kernel_plan), num_warps=4, maxnreg=MAXNREG,
         )
     return o, lse
 
@@ -570,7 +600,8 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
     for grp in plan.groups:
         h0, h1 = grp.h0, grp.h1
         hs = h1 - h0
-        grp.kernels("bwd").msa_bwd_pre[(-(-n // 64), b * hs)](
+        direct.launch(
+            grp.kernels("bwd").msa_bwd_pre, (-(-n // 64), b * hs),
             o, do, dlse if dlse is not None else lse, lse, delta, lse2,
             *o.stride(), *do.stride(), lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
             h0, hs, n,
@@ -587,14 +618,14 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
             offsets, inverse = inverse_table(table, n_tiles)
             kv_args = (offsets, inverse, table.shape[1] * n_tiles, n_tiles)
             q_args = (table, table.stride(0), table.stride(1))
-        mod.msa_gluon_bwd_dkdv[(n_tiles, b * hks)](
-            qd, kd2, vd2, dod, dkd, dvd, dk, dv, lse2, delta,
+        direct.launch(
+            mod.msa_gluon_bwd_dkdv, (n_tiles, b * hks), qd, kd2, vd2, dod, dkd, dvd, dk, dv, lse2, delta,
             *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dk.stride(2), *rows["dv"], dv.stride(2),
             delta.stride(0), delta.stride(1), *kv_args, hk0, hks, group, n, qk_scale, scale,
             STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
         )
-        mod.msa_gluon_bwd_dq[(n_tiles, b * hs)](
-            qd, kd, vd, dod, dqd, dq, lse2, delta,
+        direct.launch(
+            mod.msa_gluon_bwd_dq, (n_tiles, b * hs), qd, kd, vd, dod, dqd, dq, lse2, delta,
             *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dq.stride(2),
             delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n, qk_scale, scale,
             STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
@@ -619,7 +650,7 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
         block = [rows, head_dim]
         return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
 
-    consts = dict(STAGES=RING[head_dim], FOLD=True)
+    consts = dict(STAGES=RING[head_dim], FOLD=True, LPT=cost_order(kplan))
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
                O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}

@@ -64,13 +64,13 @@ def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
     return (qp, kp, qs, ks, *qp.stride(), *kp.stride(), *qs.stride(), *ks.stride())
 
 
-def _gluon_route(plan: AttentionPlan, q_pos, n: int, backward: bool = False) -> bool:
+def _gluon_route(plan: AttentionPlan, q_pos, n: int, head_dim: int, backward: bool = False) -> bool:
     """Whether a call of N rows asks for the Gluon family in this direction (kernels/gluon.py
     ``requested``) and may take it: without run-time positions, or with packed documents'
     (cu_seqlens: every group's plan has ``documents``), which the family reads as document
     bounds."""
     kplans = [g.kernel_plan for g in plan.groups]
-    return (q_pos is None or all(kp.documents for kp in kplans)) and _gluon.requested(kplans, n, backward)
+    return (q_pos is None or all(kp.documents for kp in kplans)) and _gluon.requested(kplans, n, backward, head_dim)
 
 
 def _on_tensor_device(fn):
@@ -93,8 +93,9 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
     A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a top-k plan:
     kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
     on them); an ineligible one logs why, once."""
-    if _gluon_route(plan, q_pos, q.shape[2]):
-        why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups])
+    if _gluon_route(plan, q_pos, q.shape[2], q.shape[3]):
+        why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups],
+                                                                           q.shape[3])
         if why is None:
             return _gluon.forward(q, k, v, plan, scale, block_indices, q_pos)
         _gluon.note(plan, why)
@@ -147,7 +148,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
     A call that asks for the Gluon family (as ``forward``) runs its backward when eligible
     (kernels/gluon.py: the same stats pass, then its dK/dV and dQ kernels); an ineligible one
     logs why, once."""
-    if _gluon_route(plan, q_pos, q.shape[2], backward=True):
+    if _gluon_route(plan, q_pos, q.shape[2], q.shape[3], backward=True):
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
             return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices, q_pos)

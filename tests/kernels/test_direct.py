@@ -113,6 +113,42 @@ def test_a_call_site_that_moves_its_tensors_is_laid_out_again(fake):
     assert kinds(fake) == ["jit", "jit", "direct", "jit", "jit"]
 
 
+class FakeDescriptor:
+    """A host-built tensor descriptor as the Gluon launchers pass them (a dataclass with a tensor:
+    neither hashable nor comparable by value)."""
+    __hash__ = None
+
+    def __init__(self, base, shape, strides, block_shape, layout, padding="zero"):
+        self.base, self.shape, self.strides = base, shape, strides
+        self.block_shape, self.layout, self.padding = block_shape, layout, padding
+
+
+@pytest.mark.parametrize("change", ["none", "block", "layout", "strides", "shape", "dtype", "alignment", "padding"])
+def test_a_descriptor_argument_is_keyed_by_what_its_launch_depends_on(fake, change):
+    def desc(**kw):
+        a = dict(base=torch.randn(64, 32), shape=[64, 32], strides=[32, 1], block_shape=[16, 32], layout="nvmma-128")
+        a.update(kw)
+        return FakeDescriptor(**a)
+    y = torch.randn(64)
+    direct.launch(fake, (1,), desc(), y, 16, 0.5, BLOCK=16)
+    kw = {"none": {}, "block": dict(block_shape=[32, 32]), "layout": dict(layout="nvmma-64"),
+          "strides": dict(strides=[48, 1]), "shape": dict(shape=[48, 32]),
+          "dtype": dict(base=torch.randn(64, 32, dtype=torch.float64)),
+          "alignment": dict(base=torch.randn(64 * 32 + 1)[1:].view(64, 32)), "padding": dict(padding="nan")}[change]
+    d = desc(**kw)
+    direct.launch(fake, (1,), d, y, 16, 0.5, BLOCK=16)
+    assert kinds(fake)[-1] == ("direct" if change == "none" else "jit")
+    direct.launch(fake, (1,), d, y, 16, 0.5, BLOCK=16)
+    assert kinds(fake)[-1] == "direct"
+    assert fake.log[-1][2][9] is d   # the launcher gets the descriptor object itself
+    direct.launch(fake, (1,), 3, y, 16, 0.5, BLOCK=16)         # an int where the descriptor was
+    direct.launch(fake, (1,), x := torch.randn(4), y, 16, 0.5, BLOCK=16)   # a tensor there
+    direct.launch(fake, (1,), d, y, 16, 0.5, BLOCK=16)
+    assert kinds(fake)[-3:] == ["jit", "jit", "jit"] and x is not None
+    direct.launch(fake, (1,), desc(**kw), y, 16, 0.5, BLOCK=16)
+    assert kinds(fake)[-1] == "direct"
+
+
 def test_off_switch_interpreter_and_hooks_take_triton_s_path(fake, monkeypatch):
     x, y = torch.randn(64), torch.randn(64)
     for _ in range(2):
@@ -185,3 +221,64 @@ def test_gpu_direct_launches_match_triton_s_and_skip_its_binding(monkeypatch):
         assert len(direct._compiled) > n_before
         ref = chunked_reference(q2, k, v, pattern, do)
         assert rel_err(out, ref[0]) <= FLOOR[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,docs", [("window=300", False), ("causal", True), ("topk=2", False)])
+def test_gpu_gluon_launches_go_direct_and_match(monkeypatch, pattern, docs):
+    """The Gluon family's launches (TMA descriptors among their arguments) through the kept
+    compiled kernel: a repeated call goes without JITFunction.run and gives bit-identical
+    outputs and gradients to Triton's path; a second tensor of another length gets its own
+    kernel launch and a result that matches the reference."""
+    import msa_codegen as msa
+    from triton.runtime.jit import JITFunction
+    from msa_codegen.kernels import gluon
+    from helpers import FLOOR, make_inputs, rel_err
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon family runs on compute capability 9.x only")
+    monkeypatch.setenv(gluon.ENV, "1")
+
+    def inputs(n):
+        q, k, v, _ = make_inputs(1, 4, 2, n, 128, torch.bfloat16, "cuda")
+        kw = {}
+        if docs:
+            kw["cu_seqlens"] = torch.tensor([0, n // 3, n // 3 + 7, n], dtype=torch.int32, device="cuda")
+        if pattern.startswith("topk"):
+            nb = -(-n // 128)
+            rows = torch.stack([torch.arange(nb), torch.arange(nb) // 2], -1)   # own block, one before
+            kw["block_indices"] = rows.to(torch.int32).expand(1, 2, nb, 2).contiguous().cuda()
+        return q, k, v, torch.randn_like(q), kw
+
+    q, k, v, do, kw = inputs(2000)
+    ran = []
+    real_f, real_b = gluon.forward, gluon.backward
+    monkeypatch.setattr(gluon, "forward", lambda *a, **k: ran.append("f") or real_f(*a, **k))
+    monkeypatch.setattr(gluon, "backward", lambda *a, **k: ran.append("b") or real_b(*a, **k))
+
+    def run(q, k, v, do, kw):
+        out = msa.attention(q, k, v, pattern, **kw)
+        return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+    calls = []
+    real = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    direct.clear()
+    first = run(q, k, v, do, kw)
+    assert ran == ["f", "b"]
+    n_first = len(calls)
+    again = run(q, k, v, do, kw)
+    assert len(calls) == n_first, "a repeated Gluon call went through JITFunction.run"
+    monkeypatch.setattr(direct, "ENABLED", False)
+    plain = run(q, k, v, do, kw)
+    for a, b, c in zip(first, again, plain):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    monkeypatch.setattr(direct, "ENABLED", True)
+    q2, k2, v2, do2, kw2 = inputs(1500)
+    got = run(q2, k2, v2, do2, kw2)
+    assert len(calls) > n_first
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q2, k2, v2))
+    ref = msa.reference_attention(q64, k64, v64, pattern, **kw2)
+    ref = (ref, *torch.autograd.grad(ref, (q64, k64, v64), do2.double()))
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) <= FLOOR[torch.bfloat16]

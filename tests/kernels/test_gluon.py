@@ -98,15 +98,44 @@ def _tiling(pattern: str, documents: bool = False) -> dict:
                             ("WINDOW", "SINK", "SLOTS"))
 
 
-def test_the_rendered_tile_order_covers_every_tile_once():
-    """_tile maps t = 0 .. B * HS * n_qb - 1 onto every (q0, b, h) of the head group once, with
-    GQA's KV head h // group, a head's tiles consecutive (neighbours share their K/V in L2)."""
+@pytest.mark.parametrize("lpt", [False, True], ids=["head-major", "by-cost"])
+def test_the_rendered_tile_order_covers_every_tile_once(lpt):
+    """Over G programs (program p takes t = p, p + G, ...), _tile maps the B * HS * n_qb tiles
+    onto every (q0, b, h) of the head group once, with GQA's KV head h // group. Head-major: a
+    head's tiles consecutive (neighbours share their K/V in L2), last row first. By cost (LPT):
+    each round's tiles are the costliest left, rounds alternating direction."""
     tile = _tiling("causal")["_tile"]
-    n_qb, hs, h0, group, b = 5, 3, 2, 2, 2
-    got = [tuple(int(x) for x in tile(t, n_qb, hs, h0, group, 128)) for t in range(b * hs * n_qb)]
-    assert sorted(got) == sorted((q * 128, bi, h, h // group) for q in range(n_qb) for bi in range(b)
-                                 for h in range(h0, h0 + hs))
-    assert all(got[t][1:3] == got[t - t % n_qb][1:3] for t in range(len(got)))
+    for n_qb, hs, h0, group, b, programs in ((5, 3, 2, 2, 2, 4), (5, 3, 2, 2, 2, 7), (7, 2, 0, 1, 3, 42),
+                                             (4, 1, 0, 1, 1, 3)):
+        n_tiles = b * hs * n_qb
+        got = {t: tuple(int(x) for x in tile(t, programs, n_qb, n_tiles, hs, h0, group, 128, lpt))
+               for t in range(n_tiles)}
+        assert sorted(got.values()) == sorted((q * 128, bi, h, h // group) for q in range(n_qb) for bi in range(b)
+                                              for h in range(h0, h0 + hs))
+        if not lpt:
+            assert all(got[t][1:3] == got[t - t % n_qb][1:3] for t in range(n_tiles))
+            continue
+        rounds = [[got[t][0] for t in range(k, min(k + programs, n_tiles))] for k in range(0, n_tiles, programs)]
+        assert [q for r in rounds for q in sorted(r, reverse=True)] == sorted((q for q, *_ in got.values()),
+                                                                            reverse=True)
+        full = [r for r in rounds if len(r) == programs]
+        assert all(r == sorted(r, reverse=k % 2 == 0) for k, r in enumerate(full))
+
+
+def test_the_tile_order_by_cost_balances_a_causal_dense_forward():
+    """The schedule the causal dense forward runs (``gluon.cost_order``): at N=16384, H=16 on 132
+    programs, the largest program's key tiles (a tile of row r walks r + 1) within 2% of the
+    mean; head-major gave the first programs the longest row of every head (over 1.5x)."""
+    assert gluon.cost_order(_plan("causal")) and not gluon.cost_order(_plan("window=4096"))
+    assert not gluon.cost_order(_plan("causal=false")) and not gluon.cost_order(_plan("causal", True))
+    tile = _tiling("causal")["_tile"]
+    n_qb, hs, programs = 128, 16, 132
+    n_tiles = hs * n_qb
+    for lpt, bound in ((True, (1.0, 1.02)), (False, (1.5, 2.0))):
+        load = [sum(int(tile(t, programs, n_qb, n_tiles, hs, 0, 1, 128, lpt)[0]) // 128 + 1
+                    for t in range(p, n_tiles, programs)) for p in range(programs)]
+        ratio = max(load) / (sum(load) / programs)
+        assert bound[0] <= ratio < bound[1], (lpt, ratio)
 
 
 TILING = [("window=1", (1, 127, 128, 129, 300)), ("window=100", (1, 129, 700)), ("window=128", (256, 300)),
@@ -330,6 +359,13 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
         assert gluon.requested(docs, n - 1) == auto and gluon.requested(docs, n, backward=True) == auto, version
         assert not gluon.requested(docs, n - 1, backward=True), version
         assert gluon.requested(topk, 100, backward=True) == auto, version
+        # causal dense: the forward at D=128 only (its backward has no Gluon kernel)
+        dense = [_plan("causal")]
+        assert gluon.requested(dense, 4096, head_dim=128) == auto, version
+        assert not gluon.requested(dense, 4096, head_dim=64) and not gluon.requested(dense, 4096)
+        assert not gluon.requested(dense, 4096, backward=True, head_dim=128)
+        assert not gluon.requested([_plan("causal=false")], 4096, head_dim=128)
+        assert not gluon.requested(dense + window, 4096, head_dim=128)
     monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
     line = gluon.describe(topk, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
@@ -370,17 +406,19 @@ def test_describe_names_the_family_and_why(monkeypatch):
     assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
 
 
-@pytest.mark.parametrize("pattern,slower", [("causal", True), ("causal=false", True), ("window=4096", False),
-                                            ("causal=false,window=512,sink=64", False)])
-def test_dense_patterns_route_to_the_faster_triton_forward(monkeypatch, pattern, slower):
-    """The family can run dense patterns (the GPU tests run them directly), but the Triton forward
-    measured faster there: the routing and ``which`` send them to it and say why."""
+@pytest.mark.parametrize("pattern,d,slower", [("causal", 128, False), ("causal", 64, True), ("causal=false", 128, True),
+                                              ("window=4096", 64, False), ("causal=false,window=512,sink=64", 128, False)])
+def test_dense_patterns_route_to_the_faster_forward(monkeypatch, pattern, d, slower):
+    """The family can run dense patterns (the GPU tests run them directly); the Triton forward
+    measured faster or as fast except for causal at D=128 (the cost-ordered schedule): the
+    routing and ``which`` send the others to it and say why."""
     plans = [_plan(pattern)]
     assert gluon.pattern_reason(plans[0]) is None
-    why = gluon.slower_reason(plans)
+    why = gluon.slower_reason(plans, d)
     assert (why is not None) == slower
+    assert gluon.slower_reason(plans + [_plan("causal")], 64) is not None   # one dense group decides
     monkeypatch.setenv(gluon.ENV, "1")
-    line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
+    line = gluon.describe(plans, "9.0", torch.bfloat16, d)
     if slower:
         assert line == f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: {why})"
     else:
@@ -578,6 +616,39 @@ def test_gpu_attention_forward_backward_with_the_variable(monkeypatch, pattern, 
         assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), seed {seed}"
     fin = torch.isfinite(ref[1])
     assert (lse[fin].double() - ref[1][fin]).abs().max().item() < 0.05
+
+
+@pytest.mark.gpu
+@needs_hopper
+@needs_api
+def test_gpu_causal_dense_takes_the_gluon_forward_automatically(monkeypatch):
+    """Unset, a causal dense call at D=128 on the tested Triton runs the cost-ordered Gluon
+    forward (spied; B=2, GQA 4/2, several rounds of tiles over the programs) and the Triton
+    backward on its o and LSE: output, LSE and gradients against float64. At D=64 it runs the
+    Triton forward."""
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    if gluon.auto_reason([_plan("causal")], 5000, head_dim=128) is not None:
+        pytest.skip(gluon.auto_reason([_plan("causal")], 5000, head_dim=128))
+    calls = []
+    real, real_bwd = gluon.forward, gluon.backward
+    monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append("fwd") or real(*a, **kw))
+    monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append("bwd") or real_bwd(*a, **kw))
+    pattern, dtype, n = "causal", BF, 5000 + 37
+    q, k, v, seed = make_inputs(2, 4, 2, n, 128, dtype, "cuda")
+    out, lse = msa.attention(q, k, v, pattern, return_lse=True)
+    assert calls == ["fwd"], "the Gluon forward did not run"
+    do = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    assert calls == ["fwd"], "a Gluon backward ran for a dense plan without documents"
+    ref = chunked_reference(q, k, v, pattern, do)
+    low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
+    for name, got, i in (("out", out, 0), ("dq", dq, 2), ("dk", dk, 3), ("dv", dv, 4)):
+        err, base = rel_err(got, ref[i]), rel_err(low[i], ref[i])
+        assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), seed {seed}"
+    assert (lse.double() - ref[1]).abs().max().item() < 0.05
+    q64, k64, v64, _ = make_inputs(1, 2, 2, 1000, 64, dtype, "cuda")
+    msa.attention(q64, k64, v64, pattern)
+    assert calls == ["fwd"], "D=64 ran the Gluon forward"
 
 
 @pytest.mark.gpu
