@@ -217,12 +217,14 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
         qm, km = _block_means_pair(q, k, block, PAIR_MEANS)
     # a row has at most nb candidates: slots past them stay -1
     meta = _select_meta(d, min(topk, nb), causal, nb)
+    # the long rows' forms run unsplit
+    long_rows = meta["INSERT"] or (meta["PENDING"] and nb >= LONG_SELECT)
     if meta["INSERT"] and LONG_FORM != "insert":
         # the pending forms keep a sorted top: merge_top's BLOCK_N (a multiple of W) and warps
         meta = dict(meta, INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=LONG_FORM == "threshold")
     row_tiles = cdiv(nb, meta["BLOCK_M"])
     # (measured for W=16 only, where the kept keys of the runs are few)
-    split = _split(row_tiles * b * hkv, cdiv(nb, meta["BLOCK_N"])) if meta["W"] <= 16 and not meta["INSERT"] else 1
+    split = _split(row_tiles * b * hkv, cdiv(nb, meta["BLOCK_N"])) if meta["W"] <= 16 and not long_rows else 1
     kern = _kernels()
     # runs of one row tile's candidates: their kept keys, merged by block_merge_kernel
     tops = torch.empty(b * hkv, nb, split, meta["W"], dtype=torch.int64, device=q.device) if split > 1 else out
