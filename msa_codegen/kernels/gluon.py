@@ -108,12 +108,15 @@ def requested(kplans=(), n: int | None = None, backward: bool = False, head_dim:
 DOCS_BWD_MIN_N = 16384
 
 
-def _cost_ordered_dense(kplans, head_dim) -> bool:
-    """Plans whose forward runs faster in Gluon's cost-ordered schedule (``cost_order``): causal
-    dense at D=128. H200, Triton 3.6, 2026-12-04, B=1, H=16, bf16, one process: 0.71x / 0.88x /
-    0.94x / 0.98x the Triton forward's time at N=4096 / 8192 / 16384 / 32768; at D=64 (H=32,
-    N=16384) 1.03x, so D=64 stays on Triton."""
-    return bool(kplans) and head_dim == 128 and all(cost_order(kp) for kp in kplans)
+def _gluon_dense(kplans, head_dim) -> bool:
+    """Dense plans (no window, documents or top-k) whose forward runs faster in Gluon: D=128.
+    H200, Triton 3.6, bf16, 2026-12-04, one process, against the Triton forward's time: causal
+    B=1, H=16 0.71x / 0.88x / 0.94x at N=4096 / 8192 / 16384 (the cost order, ``cost_order``),
+    0.98x at 32768 by cost, 1.02x head-major (the order ``cost_order`` picks there); B=4 N=8192
+    0.93x; bidirectional N=16384 0.92x. D=64 (causal, H=32, N=16384): 0.99x head-major, 1.03x by
+    cost, so D=64 stays on Triton."""
+    return (bool(kplans) and head_dim == 128
+            and all(kp.dense and not kp.has_window and not kp.documents and not kp.topk for kp in kplans))
 
 
 def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: int | None = None) -> str | None:
@@ -127,14 +130,14 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
     (forward 0.85x, forward + backward 0.91x for ``window=4096``) but stay opt-in: on the short
     encoder rows (B=8, N=4096-8192, D=64) three of four ran slower forward + backward, up to 2.2x
     (docs/performance.md). Short packed-document calls take the Triton backward
-    (``DOCS_BWD_MIN_N``). Causal dense plans at D=128 take the Gluon forward
-    (``_cost_ordered_dense``; the family has no dense backward without documents, so the Triton
+    (``DOCS_BWD_MIN_N``). Dense plans at D=128 take the Gluon forward
+    (``_gluon_dense``; the family has no dense backward without documents, so the Triton
     backward runs on its o and LSE). ``n``: the call's length (None: not known, no length rule);
     ``head_dim`` None: not known (no dense plan is automatic)."""
-    if not kplans or not (all(kp.topk or kp.documents for kp in kplans) or _cost_ordered_dense(kplans, head_dim)):
-        return "automatic for top-k, packed-document (cu_seqlens) and causal dense D=128 plans only"
+    if not kplans or not (all(kp.topk or kp.documents for kp in kplans) or _gluon_dense(kplans, head_dim)):
+        return "automatic for top-k, packed-document (cu_seqlens) and dense D=128 plans only"
     if backward and not all(kp.topk or kp.documents for kp in kplans):
-        return "the forward only for causal dense plans (the family's dense backward needs packed documents)"
+        return "the forward only for dense plans (the family's dense backward needs packed documents)"
     if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
         return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
                 f"Triton backward measured faster)")
@@ -307,17 +310,14 @@ def _call_reason(q: torch.Tensor, k: torch.Tensor) -> str | None:
 def slower_reason(kplans, head_dim: int | None = None) -> str | None:
     """Why the Triton forward is the faster of the two for these head groups' plans at head dim
     ``head_dim`` (None: Gluon measured faster). ``why_not`` says what the family can run; this
-    says where it pays. Dense plans without documents: causal at D=128 runs faster in Gluon's
-    cost-ordered schedule (``_cost_ordered_dense``; head-major, as before 2026-12-04, it took
-    2.446 ms against the Triton forward's 2.004 at N=16384, H=16); causal at D=64 measured
-    1.03x the Triton forward's time; bidirectional dense is untimed. Over packed documents the
-    dense forward is the faster one: causal, 13 documents of 1k-16k, N=131072, H=16, 11.54 ms
-    against 13.46 (H200, Triton 3.6, 2026-12-04). The GPU tests run every dense kernel directly
-    (``forward``)."""
+    says where it pays. Dense plans without documents run faster in Gluon at D=128 only
+    (``_gluon_dense``). Over packed documents the dense forward is the faster one: causal, 13
+    documents of 1k-16k, N=131072, H=16, 11.54 ms against 13.46 (H200, Triton 3.6, 2026-12-04).
+    The GPU tests run every dense kernel directly (``forward``)."""
     dense = [kp for kp in kplans if kp.dense and not kp.has_window and not kp.documents]
-    if dense and not _cost_ordered_dense(dense, head_dim):
-        return ("dense pattern (no window): the Triton forward measured faster or as fast, except causal at "
-                "D=128 (causal D=64: 1.03x less time, N=16384; bidirectional: not timed)")
+    if dense and not _gluon_dense(dense, head_dim):
+        return (f"dense pattern (no window) at D={head_dim}: the Triton forward measured as fast or faster "
+                "(D=64, causal N=16384: 0.99-1.03x its time); Gluon runs dense plans at D=128")
     return None
 
 
@@ -490,12 +490,33 @@ def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
     return table.sort(dim=-1, descending=True).values.contiguous()
 
 
-def cost_order(kplan: KernelPlan) -> bool:
+#: the forward deals its tiles out by cost when the head-major order would leave its most loaded
+#: program this far above the mean (``cost_order``). H200, Triton 3.6, bf16, causal, 2026-12-04,
+#: one process: at a predicted 1.57-1.63 (B=1, H=16, N=4096-16384, D=128) by cost took 0.77-0.82x
+#: the head-major time; at 1.04-1.08 (N=32768; D=64 H=32 N=16384; B=4 N=8192) 0.96x, 1.03x and
+#: 1.06x (the head-major order keeps a head's K/V in L2 for the programs running it)
+LPT_IMBALANCE = 1.15
+
+
+@functools.lru_cache(maxsize=256)
+def head_major_imbalance(n_qb: int, n_bh: int, programs: int) -> float:
+    """The most loaded program's key tiles over the mean, for a causal dense forward of n_bh
+    (batch, head) pairs of n_qb query tiles dealt head-major (a tile of row r walks r + 1 key
+    tiles; program p takes tiles p, p + programs, ...)."""
+    t = torch.arange(n_qb * n_bh, dtype=torch.int64)
+    loads = torch.bincount(t % programs, weights=(n_qb - t % n_qb).double(), minlength=programs)
+    return float(loads.max() / loads.mean())
+
+
+def cost_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> bool:
     """Whether the forward deals its tiles out by cost (the template's ``_tile``, LPT) rather than
     head-major: for causal dense plans (no window, no documents, no top-k), whose query tiles cost
-    in proportion to their row. Head-major there gave the first programs the longest row of
-    every head (132 programs over heads of 128 tiles at N=16384)."""
-    return kplan.causal and kplan.dense and not kplan.documents and not kplan.topk
+    in proportion to their row, where head-major would be unbalanced (``LPT_IMBALANCE``): with
+    132 programs over heads of 128 tiles (N=16384) it gives the first programs the longest row of
+    every head."""
+    if not (kplan.causal and kplan.dense and not kplan.documents and not kplan.topk):
+        return False
+    return head_major_imbalance(n_qb, n_bh, programs) > LPT_IMBALANCE
 
 
 def _doc_args(plan, q_pos, n) -> tuple:
@@ -549,7 +570,8 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             kern, (min(sms, tiles),), qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
             *targs, grp.h0, hs, hq, group, n, tiles, qk_scale,
-            STAGES=RING[d], FOLD=True, LPT=cost_order(grp.kernel_plan), num_warps=4, maxnreg=MAXNREG,
+            STAGES=RING[d], FOLD=True, LPT=cost_order(grp.kernel_plan, n_qb, b * hs, min(sms, tiles)),
+            num_warps=4, maxnreg=MAXNREG,
         )
     return o, lse
 
@@ -650,7 +672,7 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
         block = [rows, head_dim]
         return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
 
-    consts = dict(STAGES=RING[head_dim], FOLD=True, LPT=cost_order(kplan))
+    consts = dict(STAGES=RING[head_dim], FOLD=True, LPT=cost_order(kplan, 128, 16, 132))
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
                O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
