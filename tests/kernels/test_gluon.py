@@ -628,19 +628,19 @@ def test_gpu_attention_forward_backward_with_the_variable(monkeypatch, pattern, 
 @pytest.mark.gpu
 @needs_hopper
 @needs_api
-def test_gpu_causal_dense_takes_the_gluon_forward_automatically(monkeypatch):
-    """Unset, a causal dense call at D=128 on the tested Triton runs the cost-ordered Gluon
-    forward (spied; B=2, GQA 4/2, several rounds of tiles over the programs) and the Triton
-    backward on its o and LSE: output, LSE and gradients against float64. At D=64 it runs the
-    Triton forward."""
+@pytest.mark.parametrize("pattern", ["causal", "causal=false"])
+def test_gpu_dense_takes_the_gluon_forward_automatically(monkeypatch, pattern):
+    """Unset, a dense call at D=128 on the tested Triton runs the Gluon forward (spied; B=2, GQA
+    4/2) and the Triton backward on its o and LSE: output, LSE and gradients against float64.
+    At D=64 it runs the Triton forward."""
     monkeypatch.delenv(gluon.ENV, raising=False)
-    if gluon.auto_reason([_plan("causal")], 5000, head_dim=128) is not None:
-        pytest.skip(gluon.auto_reason([_plan("causal")], 5000, head_dim=128))
+    if gluon.auto_reason([_plan(pattern)], 5000, head_dim=128) is not None:
+        pytest.skip(gluon.auto_reason([_plan(pattern)], 5000, head_dim=128))
     calls = []
     real, real_bwd = gluon.forward, gluon.backward
     monkeypatch.setattr(gluon, "forward", lambda *a, **kw: calls.append("fwd") or real(*a, **kw))
     monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append("bwd") or real_bwd(*a, **kw))
-    pattern, dtype, n = "causal", BF, 5000 + 37
+    dtype, n = BF, 5000 + 37
     q, k, v, seed = make_inputs(2, 4, 2, n, 128, dtype, "cuda")
     out, lse = msa.attention(q, k, v, pattern, return_lse=True)
     assert calls == ["fwd"], "the Gluon forward did not run"
