@@ -10,9 +10,9 @@ forward's: o in q's layout and the LSE (B, Hq, N) fp32 in natural-log units of t
 scores, so the Triton backward runs on them unchanged.
 
 When it runs: ``MSA_CODEGEN_GLUON=1`` in the environment asks for it on every eligible call,
-any other value never; unset, it is chosen automatically for plans of the top-k term alone and
-for packed documents (cu_seqlens) on a Triton where its GPU tests ran (``auto_reason``: measured
-0.72-0.75x the Triton kernels' time there).
+any other value never; unset, it is chosen automatically for plans of the top-k term alone, for
+packed documents (cu_seqlens) and for the forward of dense plans at D=128 on a Triton where its
+GPU tests ran (``auto_reason``: measured 0.71-0.98x the Triton kernels' time there).
 The variable is read on every call. An asked-for call runs this family when ``why_not`` finds
 nothing against it; otherwise the Triton kernels run and the reason is logged once per (plan,
 reason) (logger ``msa_codegen.kernels.gluon``: a warning under ``MSA_CODEGEN_GLUON=1``, debug
@@ -23,8 +23,10 @@ or without ``sink``, the window or dense terms over packed documents (``cu_seqle
 tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` term alone on
 128-blocks (``pattern_reason``: the producer loads the blocks a tile's row of ``block_indices``
 names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
-run-time positions or segments. Dense patterns without documents can run here but are routed to
-the Triton forward, measured faster (``slower_reason``).
+run-time positions or segments. Dense patterns without documents run here at D=128; at D=64
+they are routed to the Triton forward, as fast or faster there (``slower_reason``). Causal
+dense tiles are dealt out by cost where the head-major order is unbalanced (``cost_order``).
+Launches go through ``direct.launch``.
 
 The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
 warp-specialised dK/dV kernel (a program per 128 keys of a KV head, its GQA query heads summed
