@@ -25,7 +25,7 @@ tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` t
 names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
 run-time positions or segments. Dense patterns without documents run here at D=128; at D=64
 they are routed to the Triton forward, as fast or faster there (``slower_reason``). Causal
-dense tiles are dealt out by cost where the head-major order is unbalanced (``cost_order``).
+dense tiles are dealt out by cost where the head-major order is unbalanced (``tile_order``).
 Launches go through ``direct.launch``.
 
 The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
@@ -113,10 +113,10 @@ DOCS_BWD_MIN_N = 16384
 def _gluon_dense(kplans, head_dim) -> bool:
     """Dense plans (no window, documents or top-k) whose forward runs faster in Gluon: D=128.
     H200, Triton 3.6, bf16, 2026-12-04, one process, against the Triton forward's time: causal
-    B=1, H=16 0.71x / 0.88x / 0.94x at N=4096 / 8192 / 16384 (the cost order, ``cost_order``),
-    0.98x at 32768 by cost, 1.02x head-major (the order ``cost_order`` picks there); B=4 N=8192
-    0.93x; bidirectional N=16384 0.92x. D=64 (causal, H=32, N=16384): 0.99x head-major, 1.03x by
-    cost, so D=64 stays on Triton."""
+    in pairs of rows (``tile_order``) 0.66x / 0.81x / 0.90x / 0.90x at N=4096 / 8192 / 16384 /
+    32768 (B=1, H=16), 0.86x at B=4 N=8192; by cost (an odd number of query tiles) 0.71-0.98x,
+    head-major 0.93-1.21x; bidirectional N=16384 0.92x. D=64 (causal, H=32, N=16384): pairs
+    0.96x, head-major 0.99x, by cost 1.01x: D=64 stays on Triton (one shape measured)."""
     return (bool(kplans) and head_dim == 128
             and all(kp.dense and not kp.has_window and not kp.documents and not kp.topk for kp in kplans))
 
@@ -492,11 +492,14 @@ def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
     return table.sort(dim=-1, descending=True).values.contiguous()
 
 
-#: the forward deals its tiles out by cost when the head-major order would leave its most loaded
-#: program this far above the mean (``cost_order``). H200, Triton 3.6, bf16, causal, 2026-12-04,
-#: one process: at a predicted 1.57-1.63 (B=1, H=16, N=4096-16384, D=128) by cost took 0.77-0.82x
-#: the head-major time; at 1.04-1.08 (N=32768; D=64 H=32 N=16384; B=4 N=8192) 0.96x, 1.03x and
-#: 1.06x (the head-major order keeps a head's K/V in L2 for the programs running it)
+#: the template's tile orders (``_tile``'s ORDER)
+HEAD_MAJOR, BY_COST, PAIRS = 0, 1, 2
+#: without pairs (an odd number of query tiles a head), causal dense tiles are dealt by cost
+#: when the head-major order would leave its most loaded program this far above the mean: at a
+#: predicted 1.57-1.63 (B=1, H=16, N=4096-16384, D=128) by cost took 0.77-0.82x the head-major
+#: time, at 1.04-1.08 (N=32768; D=64 H=32 N=16384; B=4 N=8192) 0.96x, 1.03x and 1.06x (the
+#: head-major order keeps a head's K/V in L2 for the programs running it; H200, Triton 3.6,
+#: bf16, 2026-12-04)
 LPT_IMBALANCE = 1.15
 
 
@@ -510,15 +513,22 @@ def head_major_imbalance(n_qb: int, n_bh: int, programs: int) -> float:
     return float(loads.max() / loads.mean())
 
 
-def cost_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> bool:
-    """Whether the forward deals its tiles out by cost (the template's ``_tile``, LPT) rather than
-    head-major: for causal dense plans (no window, no documents, no top-k), whose query tiles cost
-    in proportion to their row, where head-major would be unbalanced (``LPT_IMBALANCE``): with
-    132 programs over heads of 128 tiles (N=16384) it gives the first programs the longest row of
-    every head."""
+def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
+    """The order the forward deals its n_bh x n_qb tiles to its programs (the template's
+    ``_tile``): head-major, except for causal dense plans (no window, documents or top-k), whose
+    query tiles cost in proportion to their row. There pairs of rows (r, n_qb - 1 - r) of one
+    head when n_qb is even, else by cost where head-major would be unbalanced
+    (``LPT_IMBALANCE``; with 132 programs over heads of 128 tiles, N=16384, head-major gives
+    the first programs the longest row of every head). H200, Triton 3.6, bf16, 2026-12-04
+    07:39 UTC, one process, forward ms, head-major / by cost / pairs (Triton's forward): B=1
+    H=16 D=128 N=4096 0.170 / 0.130 / 0.121 (0.182), N=8192 0.613 / 0.493 / 0.465 (0.571),
+    N=16384 2.460 / 1.933 / 1.839 (2.034), N=32768 7.948 / 7.744 / 7.154 (7.937); B=4 N=8192
+    2.035 / 2.101 / 1.895 (2.197); D=64 H=32 N=16384 2.540 / 2.597 / 2.461 (2.566)."""
     if not (kplan.causal and kplan.dense and not kplan.documents and not kplan.topk):
-        return False
-    return head_major_imbalance(n_qb, n_bh, programs) > LPT_IMBALANCE
+        return HEAD_MAJOR
+    if n_qb % 2 == 0:
+        return PAIRS
+    return BY_COST if head_major_imbalance(n_qb, n_bh, programs) > LPT_IMBALANCE else HEAD_MAJOR
 
 
 def _doc_args(plan, q_pos, n) -> tuple:
@@ -572,7 +582,7 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             kern, (min(sms, tiles),), qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
             *targs, grp.h0, hs, hq, group, n, tiles, qk_scale,
-            STAGES=RING[d], FOLD=True, LPT=cost_order(grp.kernel_plan, n_qb, b * hs, min(sms, tiles)),
+            STAGES=RING[d], FOLD=True, ORDER=tile_order(grp.kernel_plan, n_qb, b * hs, min(sms, tiles)),
             num_warps=4, maxnreg=MAXNREG,
         )
     return o, lse
@@ -674,7 +684,7 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
         block = [rows, head_dim]
         return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
 
-    consts = dict(STAGES=RING[head_dim], FOLD=True, LPT=cost_order(kplan, 128, 16, 132))
+    consts = dict(STAGES=RING[head_dim], FOLD=True, ORDER=tile_order(kplan, 128, 16, 132))
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
                O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
