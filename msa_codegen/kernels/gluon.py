@@ -24,8 +24,9 @@ tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` t
 128-blocks (``pattern_reason``: the producer loads the blocks a tile's row of ``block_indices``
 names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
 run-time positions or segments. Dense patterns without documents run here at D=128; at D=64
-they are routed to the Triton forward, as fast or faster there (``slower_reason``). Causal
-dense tiles are dealt out by cost where the head-major order is unbalanced (``tile_order``).
+they are routed to the Triton forward (``slower_reason``: one shape measured). Causal dense
+tiles are dealt out in pairs of rows (or by cost), so that programs stay balanced
+(``tile_order``).
 Launches go through ``direct.launch``.
 
 The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
@@ -318,8 +319,8 @@ def slower_reason(kplans, head_dim: int | None = None) -> str | None:
     The GPU tests run every dense kernel directly (``forward``)."""
     dense = [kp for kp in kplans if kp.dense and not kp.has_window and not kp.documents]
     if dense and not _gluon_dense(dense, head_dim):
-        return (f"dense pattern (no window) at D={head_dim}: the Triton forward measured as fast or faster "
-                "(D=64, causal N=16384: 0.99-1.03x its time); Gluon runs dense plans at D=128")
+        return (f"dense pattern (no window) at D={head_dim}: Gluon runs dense plans at D=128 only (at D=64 one "
+                "shape measured, causal N=16384: 0.96-1.01x the Triton forward's time)")
     return None
 
 
