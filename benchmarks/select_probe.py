@@ -8,17 +8,16 @@ shape of bench_dynamic's topk16 rows. Timed with triton.testing.do_bench (median
 a variant that does not compile or run is reported and skipped. At each N:
 
 - ``select``: each variant of ``block_select_kernel`` (rows per program BLOCK_M, candidates per
-  step BLOCK_N, warps; the top's form: ``sort`` merge_top, ``insert`` insert_keys, ``pending``
-  and ``threshold`` _pending_top; DOT_PREC; SPLIT runs merged by block_merge_kernel), its indices
-  compared with the launcher's current form at that N (the first row of each N: the share of
-  rows with the same indices, 100.00% = identical).
-- ``means``: the block means of q and k, the launcher's two launches of block_means_kernel against
-  block_means_pair_kernel's variants (one launch; ``PAIR_MEANS``): whether the means are
-  bit-identical to the launcher's, and the share of rows whose indices (the launcher's selection
-  on those means) are the same.
-- ``call``: the whole ``select_blocks`` call, the launcher's defaults against the proposed ones
-  (the fastest pair-means variant and, where rows are long, the fastest pending form whose
-  indices were identical), indices compared.
+  step BLOCK_N, warps; the top's form: ``sort`` merge_top, ``insert`` insert_keys; DOT_PREC;
+  SPLIT runs merged by block_merge_kernel), its indices compared with the launcher's current
+  form at that N (the first row of each N: the share of rows with the same indices, 100.00% =
+  identical).
+- ``means``: the block means of q and k by ``block_means_pair_kernel``, the launcher's options
+  (``selection._means_meta``) against other explicit ones: whether the means are bit-identical
+  to the launcher's, and the share of rows whose indices (the launcher's selection on those
+  means) are the same.
+- ``call``: the whole ``select_blocks`` call with the launcher's defaults and, if a means variant
+  was faster than the launcher's, with that variant's options, indices compared.
 """
 import argparse
 import time
@@ -33,31 +32,28 @@ from msa_codegen.sparsity import selection
 DEV = "cuda"
 
 # (form, BLOCK_M, BLOCK_N, num_warps, options) beyond the launcher's current form (timed first at
-# each N); options override the launcher's constexprs (DOT_PREC tf32x3, SPLIT 1). The one-product
-# tf32 row bounds what the products cost (its indices differ on some rows); the older variants
-# (sort and insert at 16/64/128 rows, SPLIT 2/8, ieee products) were timed on 2026-12-03
-# (docs/performance.md) and are in this file's history
-# (at N=131072 the first is the 1M form; at 1M the current form is timed first anyway). Shared
-# memory on sm_90, Triton 3.6: 224 KiB at 128 x 64 (one program an SM), 160 KiB at 64 x 64, 112
-# KiB at 64 x 32 (two an SM)
-VARIANTS = [("insert", 128, 64, 8, dict(FIRST_SORT=True)),
-            ("pending", 128, 64, 8, {}), ("threshold", 128, 64, 8, {}),
-            ("pending", 64, 64, 4, {}), ("pending", 64, 32, 4, {}), ("threshold", 64, 32, 4, {}),
-            ("pending", 64, 64, 4, dict(SPLIT=4)),
+# each N); options override the launcher's constexprs (DOT_PREC tf32x3, SPLIT 1): the short rows'
+# form and the long rows' (at each N one of them is the launcher's), and a one-product tf32 row
+# that bounds what the products cost (its indices differ on some rows). Other variants are in this
+# file's history: sort and insert at 16/64/128 rows, SPLIT 2/8, ieee products (2026-12-03), and
+# the removed forms of a sorted top with keys waiting at their tile column, with or without a
+# bounding first pass (2026-12-04; docs/performance.md). Shared memory on sm_90, Triton 3.6: 224
+# KiB at 128 x 64 (one program an SM)
+VARIANTS = [("sort", 16, 16, 1, dict(SPLIT=4)),
+            ("insert", 128, 64, 8, dict(FIRST_SORT=True)),
             ("insert", 128, 64, 8, dict(FIRST_SORT=True, DOT_PREC="tf32"))]
-# block_means_pair_kernel: _pair_meta's options (BLOCK_R rows a step, BLOCKS blocks a program,
-# STEP_SUM sums each step's rows at once, num_warps); {} is the two-launch form's, in one launch
-PAIR_MEANS = [{}, dict(BLOCKS=2), dict(STEP_SUM=True, BLOCK_R=128, num_warps=8),
-              dict(STEP_SUM=True, BLOCK_R=32, num_warps=4), dict(STEP_SUM=True, BLOCK_R=64, num_warps=8),
-              dict(STEP_SUM=True, BLOCK_R=32, num_warps=2, BLOCKS=2), dict(STEP_SUM=True, BLOCK_R=16, num_warps=4, BLOCKS=2)]
+# block_means_pair_kernel's options beyond the launcher's (``_means_meta``; the D=128 block=128
+# defaults: STEP_SUM, BLOCK_R=32, BLOCKS=2, 2 warps): BLOCK_R rows a step, BLOCKS blocks a program,
+# STEP_SUM sums each step's rows at once, num_warps. The first is the former default (128-row
+# steps added into a [128, 128] float32 sum on 4 warps), in one launch
+MEANS = [dict(STEP_SUM=False, BLOCK_R=128, BLOCKS=1, num_warps=4), dict(STEP_SUM=False, BLOCK_R=128, BLOCKS=2, num_warps=4),
+         dict(STEP_SUM=True, BLOCK_R=32, BLOCKS=1, num_warps=2), dict(STEP_SUM=True, BLOCK_R=32, BLOCKS=4, num_warps=2),
+         dict(STEP_SUM=True, BLOCK_R=64, BLOCKS=2, num_warps=4)]
 
 
 def _select_meta(form, bm, bn, warps, opts, base):
     """The kernel's constexprs for a variant: ``base`` (the launcher's) with the form's switches."""
-    forms = dict(sort=dict(INSERT=False, FIRST_SORT=False, PENDING=False, THRESHOLD=False),
-                 insert=dict(INSERT=True, FIRST_SORT=False, PENDING=False, THRESHOLD=False),
-                 pending=dict(INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=False),
-                 threshold=dict(INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=True))
+    forms = dict(sort=dict(INSERT=False, FIRST_SORT=False), insert=dict(INSERT=True, FIRST_SORT=False))
     return {**base, **forms[form], "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, **opts}
 
 
@@ -82,6 +78,10 @@ def _name(form, bm, bn, warps, meta, opts):
     extra = ", ".join(f"{k}={v}" for k, v in opts.items() if k not in ("DOT_PREC", "FIRST_SORT"))
     first = ", first sort" if meta.get("FIRST_SORT") else ""
     return f"{form:9s} {bm:3d} x {bn:3d}, {warps} warps, {meta['DOT_PREC']}{first}" + (f", {extra}" if extra else "")
+
+
+def _opts(opts):
+    return ", ".join(f"{k}={v}" for k, v in opts.items())
 
 
 def _same(out, ref):
@@ -109,13 +109,13 @@ def main():
     DEV = a.device
     h, d, topk, block = a.heads, 128, 16, 128
     rows = []
-    orig_meta = selection._select_meta
+    orig_means = selection._means_meta
     for n in a.n:
         g = torch.Generator(device=DEV).manual_seed(0)
         q = torch.randn(1, h, n, d, device=DEV, dtype=torch.bfloat16, generator=g)
         k = torch.randn(1, h, n, d, device=DEV, dtype=torch.bfloat16, generator=g)
         nb = triton.cdiv(n, block)
-        qm, km = selection._block_means(q, block), selection._block_means(k, block)
+        qm, km = selection._block_means(q, k, block)
         # select: the launcher's form first, the reference of the others' indices
         base = selection._select_meta(d, topk, True, nb)
         # the launcher splits short rows' tiles into runs (select_blocks): time it as it launches
@@ -127,7 +127,6 @@ def main():
                                         base["num_warps"], cur, dict(SPLIT=split)) + " *",
                      _bench(run, a.rep), "the launcher's (* = current)"))
         ref = ref.clone()
-        best_long = None
         for form, bm, bn, warps, opts in VARIANTS:
             meta = _select_meta(form, bm, bn, warps, opts, base)
             name = _name(form, bm, bn, warps, meta, opts)
@@ -137,60 +136,50 @@ def main():
             except Exception as e:   # reported, the next variant runs
                 rows.append((n, "select", name, float("nan"), f"failed: {type(e).__name__}: {str(e)[:80]}"))
                 continue
-            same = torch.equal(out, ref)
             rows.append((n, "select", name, ms, _same(out, ref)))
-            if form in ("pending", "threshold") and same and meta["SPLIT"] == 1 and (best_long is None or ms < best_long[0]):
-                best_long = (ms, name, {k: meta[k] for k in ("INSERT", "FIRST_SORT", "PENDING", "THRESHOLD", "BLOCK_M",
-                                                            "BLOCK_N", "num_warps")})
-        # means: two launches (the launcher's) against the pair kernel's variants
-
-        def two_launches():
-            selection._block_means(q, block)
-            selection._block_means(k, block)
-        rows.append((n, "means", "block_means_kernel x 2 (q, k), 128 rows, 4 warps *", _bench(two_launches, a.rep),
-                     "the launcher's"))
-        best_pair = None
-        for opts in PAIR_MEANS:
-            name = "pair " + (", ".join(f"{k}={v}" for k, v in opts.items()) or "as the launcher's, one launch")
+        # means: the launcher's options, then the others
+        means_meta = selection._means_meta(d, block, 1)
+        launcher = {k: means_meta[k] for k in ("STEP_SUM", "BLOCK_R", "BLOCKS", "num_warps")}
+        launcher_ms = _bench(lambda: selection._block_means(q, k, block), a.rep)
+        rows.append((n, "means", "block_means_pair_kernel " + _opts(launcher) + " *", launcher_ms, "the launcher's"))
+        best = None
+        for opts in MEANS:
+            name = "block_means_pair_kernel " + _opts(opts)
+            meta = dict(means_meta, **opts)
             try:
-                ms = _bench(lambda: selection._block_means_pair(q, k, block, opts), a.rep)
-                pm, pk = selection._block_means_pair(q, k, block, opts)
+                ms = _bench(lambda: selection._block_means(q, k, block, meta), a.rep)
+                pm, pk = selection._block_means(q, k, block, meta)
             except Exception as e:
                 rows.append((n, "means", name, float("nan"), f"failed: {type(e).__name__}: {str(e)[:80]}"))
                 continue
             bits = torch.equal(pm, qm) and torch.equal(pk, km)
-            run_p, out_p = _select(pm, pk, base, topk)
+            run_p, out_p = _select(pm, pk, cur, topk)
             run_p()
             rows.append((n, "means", name, ms, ("means bit-identical, " if bits else "means differ in bits, ")
                          + _same(out_p, ref)))
-            if best_pair is None or ms < best_pair[0]:
-                best_pair = (ms, opts)
+            if ms < launcher_ms and (best is None or ms < best[0]):
+                best = (ms, opts)
             del pm, pk
-        # the whole call: the launcher's defaults, then the proposed ones
+        # the whole call: the launcher's defaults, then with the fastest means variant if one beat them
         call = lambda: selection.select_blocks(q, k, topk, block=block)   # noqa: E731
         ref_call = call()
         rows.append((n, "call", "select_blocks, current defaults *", _bench(call, a.rep), "-"))
-        if best_pair is not None:
-            selection.PAIR_MEANS = best_pair[1]
-        long_name = "the launcher's"
-        if best_long is not None and nb >= selection.LONG_SELECT:
-            # the long rows' form as the fastest identical pending variant (tiles and warps included)
-            orig, long_name = selection._select_meta, best_long[1]
-            selection._select_meta = lambda *args: dict(orig(*args), **best_long[2]) if orig(*args)["INSERT"] else orig(*args)
-        try:
-            prop = call()
-            rows.append((n, "call", f"select_blocks, means: pair {selection.PAIR_MEANS}, select: {long_name}",
-                         _bench(call, a.rep), _same(prop, ref_call)))
-        finally:
-            selection.PAIR_MEANS = None
-            selection._select_meta = orig_meta
+        if best is not None:
+            selection._means_meta = lambda *args: dict(orig_means(*args), **best[1])
+            try:
+                prop = call()
+                rows.append((n, "call", "select_blocks, means " + _opts(best[1]), _bench(call, a.rep),
+                             _same(prop, ref_call)))
+            finally:
+                selection._means_meta = orig_means
         del q, k, qm, km
-        torch.cuda.empty_cache()
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name() if DEV == "cuda" else DEV
     print(f"\n{gpu}, torch {torch.__version__}, Triton {triton.__version__}: "
           f"H={h} D={d} bf16 top-{topk} of {block}-blocks, causal; ms (do_bench median)")
     for n, part, name, ms, note in rows:
-        print(f"N={n:8d} {part:6s} {name:66s} {ms:8.3f}  {note}")
+        print(f"N={n:8d} {part:6s} {name:84s} {ms:8.3f}  {note}")
 
 
 if __name__ == "__main__":

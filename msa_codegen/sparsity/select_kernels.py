@@ -11,29 +11,28 @@ scores, prefers the lower block; ``-0.0`` counts as ``+0.0``. The own block's ke
 high half (above +inf): it always wins a slot and comes first. ``EMPTY`` (the smallest int64)
 marks a slot or candidate that is not a block.
 
-``block_means_kernel``: one program per (key block, batch x head) sums the block's rows of the
-head group's heads in float32 and writes their mean: x is read once, nothing of its size is made.
-``block_means_pair_kernel`` (an option until timed on a GPU): q's and k's means in one launch,
-BLOCKS blocks a program, optionally each step's rows summed at once (STEP_SUM, no [BLOCK_R, D]
-float32 sum held across steps).
+``block_means_pair_kernel``: q's means (over a block's rows and a KV head's group of query
+heads) and k's in one launch, one program per (BLOCKS consecutive key blocks, batch x KV head,
+q or k), summed in float32 from q and k in their own dtype: each is read once, nothing of its
+size is made. A step reads BLOCK_R rows; with STEP_SUM (the launcher's form at the usual
+shapes) each step's rows are summed at once into a [BLOCK_D] vector, the steps unrolled,
+otherwise they are added into a [BLOCK_R, BLOCK_D] float32 sum across a loop of steps.
 
 ``block_select_kernel``: one program per (BLOCK_M query blocks, batch x KV head, run) keeps the W best
-keys of each row in registers, sorted descending, and walks the candidate blocks BLOCK_N at a time
-(BLOCK_N = W unless the pooled keys' tile would not fit in shared memory): a tile of scores
-(``tl.dot`` of the pooled vectors), its keys (widened to W with EMPTY) sorted ascending, the
-elementwise max with the running top (the W largest of both, a bitonic sequence), a bitonic
-merge. With INSERT the top is kept unsorted and a tile's keys go in by ``insert_keys`` (BLOCK_N
-may then exceed W), one sort at the end: the same result, fewer steps per tile once a row's top
-has settled (the launcher's form for long rows; ``benchmarks/select_probe.py`` times both);
-with FIRST_SORT a run's first tile, where every key would enter, fills the top by one sort
-(``first_top``). With PENDING (an option until timed on a GPU) the top stays sorted and a tile's
-keys that can enter wait at their tile column until one would land where another waits
-(``_pending_top``); with THRESHOLD also, a first pass bounds each row's W-th key from below by
-tile-column maxima, and only keys at or above the bound wait. All forms keep the same W keys. With SPLIT > 1 a row tile's candidates are SPLIT runs of tiles, one program
-each, whose kept keys go to TOPS (int64 [batch x KV head, NB, SPLIT, W]) and
-``block_merge_kernel`` merges them (``merge_top``): more programs when there are too few rows
-to fill the GPU. Nothing N/block x N/block is stored: the extra memory is the pooled vectors,
-the runs' kept keys and the output.
+keys of each row in registers and walks the candidate blocks BLOCK_N at a time
+(BLOCK_N = W unless the pooled keys' tile would not fit in shared memory), each tile's keys
+from ``_tile_keys`` (``tl.dot`` of the pooled vectors). By default the top is kept sorted
+descending: the tile's keys (widened to W with EMPTY) sorted ascending, the elementwise max with
+the running top (the W largest of both, a bitonic sequence), a bitonic merge. With INSERT the
+top is kept unsorted and a tile's keys go in by ``insert_keys`` (BLOCK_N may then exceed W),
+one sort at the end: the same result, fewer steps per tile once a row's top has settled (the
+launcher's form for long rows; ``benchmarks/select_probe.py`` times both); with FIRST_SORT a
+run's first tile, where every key would enter, fills the top by one sort (``first_top``). With
+SPLIT > 1 a row tile's candidates are SPLIT runs of tiles, one program each, whose kept keys go
+to TOPS (int64 [batch x KV head, NB, SPLIT, W]) and ``block_merge_kernel`` merges them
+(``merge_top``): more programs when there are too few rows to fill the GPU. Nothing
+N/block x N/block is stored: the extra memory is the pooled vectors, the runs' kept keys and
+the output.
 """
 import triton
 import triton.language as tl
@@ -113,12 +112,14 @@ def _widen(key, W: tl.constexpr):
 
 
 @triton.jit
-def block_means_kernel(X, OUT, s_b, s_h, s_n, N, NB, HO,
-                       G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
-    # OUT[b, ho, c] = mean of X[b, ho * G + g, c * BLOCK + r] over the G heads and the block's rows
-    i_c = tl.program_id(0)
-    i_bo = tl.program_id(1)
+def _block_mean(X, OUT, s_b, s_h, s_n, N, NB, HO, i_c, i_bo, G,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
+                STEP_SUM: tl.constexpr):
+    """OUT[b, ho, i_c] = the mean of block ``i_c`` of X's heads ho * G ... ho * G + G - 1 (i_bo = b * HO + ho).
+    STEP_SUM: each step's BLOCK_R rows summed at once into a [BLOCK_D] vector (steps unrolled, so
+    their loads can all be in flight; no [BLOCK_R, BLOCK_D] float32 sum held across steps);
+    otherwise a loop of steps adds them into a [BLOCK_R, BLOCK_D] float32 sum. Nothing is stored
+    for a block past the last (``i_c >= NB``)."""
     i_b = i_bo // HO
     i_o = i_bo % HO
     o_d = tl.arange(0, BLOCK_D)
@@ -126,34 +127,6 @@ def block_means_kernel(X, OUT, s_b, s_h, s_n, N, NB, HO,
     o_r = tl.arange(0, BLOCK_R)
     n0 = i_c * BLOCK
     # int64: q of 16 heads x 1M rows x 128 is 2^31 elements
-    p_x0 = X + i_b.to(tl.int64) * s_b + (i_o * G).to(tl.int64) * s_h
-    b_acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for g in range(G):
-        for r0 in range(0, BLOCK, BLOCK_R):
-            o_n = n0 + r0 + o_r
-            m_n = (r0 + o_r < BLOCK) & (o_n < N)
-            # [BLOCK_R, BLOCK_D]
-            b_x = tl.load(p_x0 + g * s_h + o_n.to(tl.int64)[:, None] * s_n + o_d[None, :],
-                          mask=m_n[:, None] & m_d[None, :], other=0.0)
-            b_acc += b_x.to(tl.float32)
-    rows = tl.minimum(N - n0, BLOCK)
-    b_mean = tl.sum(b_acc, axis=0) / (rows * G).to(tl.float32)
-    tl.store(OUT + (i_bo.to(tl.int64) * NB + i_c) * D + o_d, b_mean, mask=m_d)
-
-
-@triton.jit
-def _block_mean(X, OUT, s_b, s_h, s_n, N, NB, HO, i_c, i_bo, G,
-                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
-                STEP_SUM: tl.constexpr):
-    """OUT[b, ho, i_c] = the mean of block ``i_c`` of X's heads ho * G ... ho * G + G - 1 (i_bo = b * HO + ho).
-    STEP_SUM: each step's BLOCK_R rows summed at once into a [BLOCK_D] vector (steps unrolled, so
-    their loads can all be in flight; no [BLOCK_R, BLOCK_D] float32 sum held across steps)."""
-    i_b = i_bo // HO
-    i_o = i_bo % HO
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < D
-    o_r = tl.arange(0, BLOCK_R)
-    n0 = i_c * BLOCK
     p_x0 = X + i_b.to(tl.int64) * s_b + (i_o * G).to(tl.int64) * s_h
     if STEP_SUM:
         b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -186,7 +159,8 @@ def block_means_pair_kernel(Q, K, QM, KM, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, N,
                             G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
                             BLOCK_R: tl.constexpr, BLOCKS: tl.constexpr, STEP_SUM: tl.constexpr):
     # the means of q (G heads a group) and of k in one launch: programs (i_c, i_x) with i_x < BHO
-    # (= batch x KV heads) pool q, the others k; each BLOCKS consecutive blocks (unrolled)
+    # (= batch x KV heads) pool q, the others k, each the blocks i_c * BLOCKS ... i_c * BLOCKS +
+    # BLOCKS - 1 (unrolled)
     i_c = tl.program_id(0)
     i_x = tl.program_id(1)
     if i_x < BHO:
@@ -221,53 +195,11 @@ def _tile_keys(b_q, p_k0, c0, o_m, NB, D: tl.constexpr, BLOCK_N: tl.constexpr, C
 
 
 @triton.jit
-def _pending_top(b_q, p_k0, lo, hi, o_m, NB, D: tl.constexpr, BLOCK_N: tl.constexpr, W: tl.constexpr,
-                 CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, THRESHOLD: tl.constexpr):
-    """The W largest keys [BLOCK_M, W], sorted descending, of rows ``o_m`` over candidates lo ... hi - 1.
-
-    A tile's keys above the kept W's smallest at the last merge (``floor``) wait in ``pend``
-    [BLOCK_M, BLOCK_N], each at its tile column; the kept W and ``floor`` change only when a tile
-    has such a key where one already waits (then ``pend`` is merged by one sort, ``first_top``,
-    and emptied) and at the end. Per tile: the product, the keys, two compares, one any-reduction,
-    where insertion (``insert_keys``) took steps of four row reductions each. With THRESHOLD a
-    first pass over the candidates keeps each tile column's largest key (``run``, an elementwise
-    max): BLOCK_N chunks whose W-th largest maximum is at most the row's W-th largest key (W
-    distinct candidates are at or above it), so the second pass lets only keys at or above it wait,
-    at the price of a second product per tile."""
-    BLOCK_M: tl.constexpr = b_q.shape[0]
-    top = tl.full([BLOCK_M, W], EMPTY, tl.int64)
-    floor = tl.full([BLOCK_M], EMPTY, tl.int64)
-    if THRESHOLD:
-        run = tl.full([BLOCK_M, BLOCK_N], EMPTY, tl.int64)
-        for c0 in range(lo, hi, BLOCK_N):
-            run = tl.maximum(run, _tile_keys(b_q, p_k0, c0, o_m, NB, D, BLOCK_N, CAUSAL, DOT_PREC))
-        srt = tl.sort(run, dim=1, descending=True)
-        # the W-th largest chunk maximum (EMPTY with fewer than W candidates: every key waits); a
-        # key equal to it waits too, so the bound is lowered by one (EMPTY + 1 > EMPTY: none waits)
-        bound = tl.max(tl.where((tl.arange(0, BLOCK_N) == W - 1)[None, :], srt, EMPTY), axis=1)
-        floor = tl.where(bound == EMPTY, EMPTY, bound - 1)
-    pend = tl.full([BLOCK_M, BLOCK_N], EMPTY, tl.int64)
-    for c0 in range(lo, hi, BLOCK_N):
-        key = _tile_keys(b_q, p_k0, c0, o_m, NB, D, BLOCK_N, CAUSAL, DOT_PREC)
-        enter = key > floor[:, None]
-        clash = tl.max(tl.max((enter & (pend != EMPTY)).to(tl.int32), axis=1), axis=0)
-        if clash > 0:
-            top = merge_top(top, first_top(pend, W))
-            floor = tl.maximum(floor, tl.min(top, axis=1))
-            pend = tl.full([BLOCK_M, BLOCK_N], EMPTY, tl.int64)
-            enter = key > floor[:, None]
-        pend = tl.where(enter, key, pend)
-    return merge_top(top, first_top(pend, W))
-
-
-@triton.jit
 def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         W: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, INSERT: tl.constexpr,
-                        SPLIT: tl.constexpr, FIRST_SORT: tl.constexpr, PENDING: tl.constexpr, THRESHOLD: tl.constexpr):
+                        SPLIT: tl.constexpr, FIRST_SORT: tl.constexpr):
     tl.static_assert(not FIRST_SORT or (INSERT and BLOCK_N >= W), "FIRST_SORT sorts an insertion tile of >= W keys")
-    tl.static_assert(not PENDING or (not INSERT and BLOCK_N % W == 0), "PENDING merges tiles of whole runs of W into a sorted top")
-    tl.static_assert(not THRESHOLD or PENDING, "THRESHOLD filters the PENDING form's entries")
     # heaviest (last) row tiles first when causal: their loop is longest
     i_m = tl.num_programs(0) - 1 - tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -292,24 +224,21 @@ def block_select_kernel(QM, KM, IDX, TOPS, NB, K_OUT, s_o,
     per = ((hi + BLOCK_N - 1) // BLOCK_N + SPLIT - 1) // SPLIT * BLOCK_N
     lo = i_s * per
     hi = tl.minimum(hi, lo + per)
-    if PENDING:
-        top = _pending_top(b_q, p_k0, lo, hi, o_m, NB, D, BLOCK_N, W, CAUSAL, DOT_PREC, THRESHOLD)
-    else:
-        for c0 in range(lo, hi, BLOCK_N):
-            key = _tile_keys(b_q, p_k0, c0, o_m, NB, D, BLOCK_N, CAUSAL, DOT_PREC)
-            if INSERT:
-                if FIRST_SORT:
-                    # the run's first tile by one sort instead of BLOCK_N insertion steps
-                    if c0 == lo:
-                        top = first_top(key, W)
-                    else:
-                        top = insert_keys(top, key)
+    for c0 in range(lo, hi, BLOCK_N):
+        key = _tile_keys(b_q, p_k0, c0, o_m, NB, D, BLOCK_N, CAUSAL, DOT_PREC)
+        if INSERT:
+            if FIRST_SORT:
+                # the run's first tile by one sort instead of BLOCK_N insertion steps
+                if c0 == lo:
+                    top = first_top(key, W)
                 else:
                     top = insert_keys(top, key)
             else:
-                if BLOCK_N < W:
-                    key = _widen(key, W)
-                top = merge_top(top, key)
+                top = insert_keys(top, key)
+        else:
+            if BLOCK_N < W:
+                key = _widen(key, W)
+            top = merge_top(top, key)
     if INSERT:
         top = tl.sort(top, dim=1, descending=True)
     if SPLIT == 1:

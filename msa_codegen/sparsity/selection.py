@@ -1,7 +1,8 @@
 """Data-dependent selection helpers that produce the run-time inputs of ``attention``.
 
 - ``select_blocks``: MoBA/NSA-style gating, key blocks per query block for ``topk=K``; two Triton
-  kernels (``select_kernels``): the block means, then a running top-K per query block.
+  kernels (``select_kernels``): the block means of q and k (one launch), then a running top-K
+  per query block.
 - ``hash_sort``: LSH buckets (random rotations, argmax over ``[xR, -xR]``) and the sort by
   bucket that SCFA's Hash-sparse attention runs on; plain PyTorch.
 
@@ -48,49 +49,20 @@ def _check_device(x: torch.Tensor) -> None:
                    "; or use msa_codegen.sparsity.reference.select_blocks_reference (plain PyTorch)")
 
 
-def _block_means(x: torch.Tensor, block: int, group: int = 1) -> torch.Tensor:
-    """(B, H, N, D) -> (B, H / group, ceil(N / block), D) float32: the mean over each block's rows (the
-    last block may be short) and over each run of ``group`` consecutive heads.
+#: CUDA's limit on a grid's second dimension
+MAX_GRID_Y = 65535
 
-    One kernel reads x once, in its own dtype, and sums in float32: no float32 or padded copy of
-    x is made, so the extra memory is that of the result. (A float32 padded copy of q was 2.3 GiB
-    of select_blocks' peak at N=131072, H=16, D=128, per issue 19.)
+
+def _block_means(q: torch.Tensor, k: torch.Tensor, block: int, meta: dict | None = None):
+    """q (B, Hq, N, D) and k (B, Hkv, N, D) -> their block means, each (B, Hkv, ceil(N / block), D)
+    float32: q's over each block's rows (the last block may be short) and over each KV head's
+    group of Hq / Hkv consecutive query heads, k's over each block's rows.
+
+    One launch of ``block_means_pair_kernel`` (``meta``: its constexprs and launch options,
+    by default ``_means_meta``'s) reads q and k once, in their own dtype, and sums in float32: no
+    float32 or padded copy is made, so the extra memory is that of the result. (A float32 padded
+    copy of q was 2.3 GiB of select_blocks' peak at N=131072, H=16, D=128, per issue 19.)
     """
-    b, h, n, d = x.shape
-    nb, ho = cdiv(n, block), h // group
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(b, ho, nb, d, dtype=torch.float32, device=x.device)
-    if out.numel():
-        _kernels().block_means_kernel[(nb, b * ho)](x, out, x.stride(0), x.stride(1), x.stride(2), n, nb, ho,
-                                                     **_means_meta(d, block, group))
-    return out
-
-
-#: the block means by ``block_means_pair_kernel`` (q and k in one launch) with these options
-#: (BLOCK_R, BLOCKS, STEP_SUM, num_warps; ``_pair_meta``), or None: two launches of
-#: ``block_means_kernel`` (the default until the pair kernel is timed on a GPU; benchmarks/select_probe.py)
-PAIR_MEANS: dict | None = None
-
-#: the long rows' selection form (nb >= LONG_SELECT, K <= 16): "insert" (insert_keys, the default),
-#: "pending" or "threshold" (``select_kernels._pending_top``; options until timed on a GPU)
-LONG_FORM = "insert"
-
-
-def _pair_meta(d: int, block: int, group: int, opts: dict) -> dict:
-    """``block_means_pair_kernel``'s constexprs and launch options; ``opts`` overrides BLOCK_R,
-    BLOCKS (blocks a program), STEP_SUM, num_warps (defaults: the two-launch form's rows and warps,
-    one block, no per-step sums)."""
-    base = _means_meta(d, block, group)
-    meta = dict(base, BLOCKS=1, STEP_SUM=False)
-    meta.update(opts)
-    meta["BLOCK_R"] = min(meta["BLOCK_R"], max(16, pow2(block)))
-    return meta
-
-
-def _block_means_pair(q: torch.Tensor, k: torch.Tensor, block: int, opts: dict):
-    """``_block_means(q, block, Hq / Hkv)`` and ``_block_means(k, block)`` by one launch of
-    ``block_means_pair_kernel``: the same float32 means up to the order of the sums."""
     b, hq, n, d = q.shape
     hkv = k.shape[1]
     nb = cdiv(n, block)
@@ -101,21 +73,42 @@ def _block_means_pair(q: torch.Tensor, k: torch.Tensor, block: int, opts: dict):
     qm = torch.empty(b, hkv, nb, d, dtype=torch.float32, device=q.device)
     km = torch.empty(b, hkv, nb, d, dtype=torch.float32, device=q.device)
     if qm.numel():
-        meta = _pair_meta(d, block, hq // hkv, opts)
-        _kernels().block_means_pair_kernel[(cdiv(nb, meta["BLOCKS"]), 2 * b * hkv)](
-            q, k, qm, km, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            n, nb, hkv, b * hkv, **meta)
+        meta = meta or _means_meta(d, block, hq // hkv)
+        # q's and k's programs share the grid's second dimension (at most MAX_GRID_Y): batches in
+        # chunks (views: the strides and the outputs' layout per batch are unchanged)
+        step = max(1, MAX_GRID_Y // (2 * hkv))
+        for b0 in range(0, b, step):
+            b1 = min(b, b0 + step)
+            _kernels().block_means_pair_kernel[(cdiv(nb, meta["BLOCKS"]), 2 * (b1 - b0) * hkv)](
+                q[b0:b1], k[b0:b1], qm[b0:b1], km[b0:b1], q.stride(0), q.stride(1), q.stride(2),
+                k.stride(0), k.stride(1), k.stride(2), n, nb, hkv, (b1 - b0) * hkv, **meta)
     return qm, km
 
 
 def _means_meta(d: int, block: int, group: int) -> dict:
-    """The block-means kernel's constexprs and launch options: rows summed BLOCK_R at a time."""
+    """``block_means_pair_kernel``'s constexprs and launch options: rows read BLOCK_R a step,
+    BLOCKS blocks a program, STEP_SUM (each step's rows summed at once, steps unrolled)."""
     bd = block_d(d)
-    # a whole 128-row block per step at D <= 128 (the float32 sum [BLOCK_R, BLOCK_D] within 16K
-    # elements, 128 registers a thread on 4 warps): q and k at N=131072 / 1048576 (H200, H=16,
-    # D=128, bf16, benchmarks/select_probe.py, 2026-12-03) 0.319 / 2.10 ms against 0.356 / 2.46
-    # with 64 rows; 8 warps were slower (0.391 / 2.81)
-    return dict(G=group, D=d, BLOCK_D=bd, BLOCK=block, BLOCK_R=min(128, 16384 // bd, max(16, pow2(block))),
+    # H200, torch 2.11, Triton 3.6, bf16, B=1, H=16, D=128, block 128, group 1, q and k
+    # (benchmarks/select_probe.py --n 131072 1048576 --rep 200, 2026-12-04 07:29 UTC, do_bench
+    # median): 32-row steps summed at once on 2 warps, two blocks a program, 0.277 / 2.086 ms at
+    # N=131072 / 1048576, against 0.319 / 2.100 for the former two launches of 128-row steps added
+    # into a [128, 128] float32 sum on 4 warps (0.302 / 2.235 as one launch; two blocks a program
+    # 0.290 / 2.228); per-step sums of 128 rows on 8 warps 0.371 / 2.818, of 32 rows on 4 warps
+    # 0.643 / 5.070, of 64 on 8 warps 0.647 / 5.098, of 16 on 4 warps, two blocks 1.267 / 9.965.
+    # The means' bits differ from the former's (the order of the sums), the indices were the same
+    # on 100.00% of the rows at N=131072; the whole call 0.418 ms there against 0.459.
+    # Elsewhere (not timed): a step of as many elements (BLOCK_R x BLOCK_D = 4096, 16 rows at
+    # D=256) on 2 warps per 4096, unrolled 8 steps at most a program (two blocks at most 4 steps
+    # each, else one block of at most 8); blocks of more steps (block > 256 at D <= 128, > 128 at
+    # D=256) by the former loop of 128-row steps on 4 warps, not unrolled
+    rows = max(16, min(4096 // bd, pow2(block)))
+    steps = cdiv(block, rows)
+    if steps <= 8:
+        return dict(G=group, D=d, BLOCK_D=bd, BLOCK=block, BLOCK_R=rows, BLOCKS=2 if steps <= 4 else 1,
+                    STEP_SUM=True, num_warps=max(2, rows * bd // 2048))
+    # the float32 sum [BLOCK_R, BLOCK_D] within 16K elements, 128 registers a thread on 4 warps
+    return dict(G=group, D=d, BLOCK_D=bd, BLOCK=block, BLOCK_R=min(128, 16384 // bd), BLOCKS=1, STEP_SUM=False,
                 num_warps=4)
 
 
@@ -143,7 +136,11 @@ def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
     # products 0.579); at N=1048576, 128 rows on 8 warps inserting from tiles of 64 (5.48 ms;
     # the 16-row form 6.62, skipping tiles that change nothing 6.35; 5.12 with each run's first
     # tile sorted, FIRST_SORT). Sorting only tiles with more than 4 insertions, or the product 32
-    # columns at a time, did not pay
+    # columns at a time, did not pay. Nor (2026-12-04 07:29 UTC, same shape, --rep 200) a sorted
+    # top with a tile's entering keys waiting at their column until two meet (at 1M, 128 x 64 on 8
+    # warps 6.488 ms, 64 x 32 on 4 warps 5.288, against 5.232 inserting; at N=131072 0.245 at best
+    # against 0.141), nor that after a first pass bounding each row's 16th key (7.429 / 0.315 at
+    # best); both were removed
     block_m = 16 if w <= 16 else 64 if w <= 32 else 32 if w <= 64 else 16
     # the pooled keys' float32 tile [BLOCK_N, BLOCK_D] within 32 KiB of shared memory (K=256 at
     # D=256 asked for 311 KiB with BLOCK_N = W, sm_90 has 227)
@@ -153,8 +150,7 @@ def _select_meta(d: int, slots: int, causal: bool, nb: int = 0) -> dict:
         # D=256: 64 rows (128 asked for 320 KiB of shared memory)
         block_m, block_n, warps, insert = (128 if bd <= 128 else 64), max(16, min(64, 8192 // bd)), 8, True
     return dict(D=d, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n, W=w, CAUSAL=causal, DOT_PREC="tf32x3",
-                INSERT=insert, SPLIT=1, FIRST_SORT=insert, PENDING=False, THRESHOLD=False, num_warps=warps,
-                num_stages=2)
+                INSERT=insert, SPLIT=1, FIRST_SORT=insert, num_warps=warps, num_stages=2)
 
 
 @torch.no_grad()
@@ -210,21 +206,12 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, topk: int, block: int = 128,
     out = torch.full((b, hkv, nb, topk), -1, dtype=torch.int32, device=q.device)
     if out.numel() == 0:
         return out
-    if PAIR_MEANS is None:
-        qm = _block_means(q, block, hq // hkv)                         # (B, Hkv, nb, D)
-        km = _block_means(k, block)                                    # (B, Hkv, nb, D)
-    else:
-        qm, km = _block_means_pair(q, k, block, PAIR_MEANS)
+    qm, km = _block_means(q, k, block)                                 # (B, Hkv, nb, D) each
     # a row has at most nb candidates: slots past them stay -1
     meta = _select_meta(d, min(topk, nb), causal, nb)
-    # the long rows' forms run unsplit
-    long_rows = meta["INSERT"] or (meta["PENDING"] and nb >= LONG_SELECT)
-    if meta["INSERT"] and LONG_FORM != "insert":
-        # the pending forms keep a sorted top: merge_top's BLOCK_N (a multiple of W) and warps
-        meta = dict(meta, INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=LONG_FORM == "threshold")
     row_tiles = cdiv(nb, meta["BLOCK_M"])
     # (measured for W=16 only, where the kept keys of the runs are few)
-    split = _split(row_tiles * b * hkv, cdiv(nb, meta["BLOCK_N"])) if meta["W"] <= 16 and not long_rows else 1
+    split = _split(row_tiles * b * hkv, cdiv(nb, meta["BLOCK_N"])) if meta["W"] <= 16 and not meta["INSERT"] else 1
     kern = _kernels()
     # runs of one row tile's candidates: their kept keys, merged by block_merge_kernel
     tops = torch.empty(b * hkv, nb, split, meta["W"], dtype=torch.int64, device=q.device) if split > 1 else out

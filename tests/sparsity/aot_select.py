@@ -11,7 +11,7 @@ import sys
 from msa_codegen.sparsity import selection
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "msa"))
-# benchmarks/: the probe's variants of the means kernel
+# benchmarks/: the probe's options of the means kernel
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 from aot_msa import within_shared  # noqa: E402   (tests/msa: the MSA kernels' compile check)
 
@@ -23,9 +23,14 @@ TYPES = {"NB": "i32", "HO": "i32", "BHO": "i32", "K_OUT": "i32", "OUT": "*fp32",
 def main():
     k = selection._kernels()
     jobs = []
-    for d, block, group, x_dtype in ((128, 128, 1, "bf16"), (128, 128, 4, "fp16"), (80, 64, 2, "fp32"), (256, 32, 1, "bf16")):
-        jobs.append((k.block_means_kernel, selection._means_meta(d, block, group), x_dtype,
-                     f"D={d} block={block} G={group} {x_dtype}"))
+    # the block means of q and k (one launch) as the launcher sizes them: D=128 block=128 the timed
+    # form (32-row steps summed at once, 2 blocks a program); 16-row steps at D=256; 8 steps of a
+    # 256-block; the loop of [BLOCK_R, D] sums past 8 steps (block 256 at D=256, 1024 at D=128)
+    for d, block, group, x_dtype in ((128, 128, 1, "bf16"), (128, 128, 4, "fp16"), (80, 64, 2, "fp32"), (256, 32, 1, "bf16"),
+                                     (256, 128, 1, "bf16"), (256, 64, 8, "bf16"), (128, 256, 1, "bf16"),
+                                     (256, 256, 2, "bf16"), (128, 1024, 1, "fp16"), (64, 128, 1, "bf16")):
+        jobs.append((k.block_means_pair_kernel, selection._means_meta(d, block, group), x_dtype,
+                     f"means D={d} block={block} G={group} {x_dtype}"))
     for d, slots, causal in ((128, 16, True), (128, 16, False), (64, 1, True), (128, 32, True), (128, 64, True), (256, 256, True),
                               (256, selection.MAX_SLOTS, True)):
         jobs.append((k.block_select_kernel, selection._select_meta(d, slots, causal), "bf16",
@@ -38,26 +43,18 @@ def main():
     for d, causal in ((128, True), (128, False), (256, True), (64, True)):
         jobs.append((k.block_select_kernel, selection._select_meta(d, 16, causal, selection.LONG_SELECT), "bf16",
                      f"D={d} K=16 causal={causal} long rows"))
-    # the insertion form (INSERT, an option until timed): wider tiles than W, fewer rows
+    # the insertion form at other tiles (the probe's): wider tiles than W, fewer rows
     for block_m, block_n, warps in ((64, 16, 4), (16, 64, 2), (32, 32, 4)):
         meta = dict(selection._select_meta(128, 16, True), INSERT=True, BLOCK_M=block_m, BLOCK_N=block_n,
                     num_warps=warps)
         jobs.append((k.block_select_kernel, meta, "bf16", f"D=128 K=16 INSERT {block_m}x{block_n} {warps} warps"))
-    # the pending forms of long rows (options until timed): a sorted top, keys waiting at their column
-    for d, causal, form in ((128, True, "pending"), (128, True, "threshold"), (128, False, "threshold"),
-                            (256, True, "threshold"), (64, True, "pending")):
-        meta = dict(selection._select_meta(d, 16, causal, selection.LONG_SELECT), INSERT=False, FIRST_SORT=False,
-                    PENDING=True, THRESHOLD=form == "threshold")
-        jobs.append((k.block_select_kernel, meta, "bf16", f"D={d} K=16 causal={causal} long rows {form}"))
-    # the block means of q and k in one launch (options until timed), the probe's variants
-    from select_probe import PAIR_MEANS
-    for opts in PAIR_MEANS:
-        jobs.append((k.block_means_pair_kernel, selection._pair_meta(128, 128, 1, opts), "bf16",
-                     f"pair D=128 block=128 {opts}"))
-    jobs.append((k.block_means_pair_kernel, selection._pair_meta(80, 64, 4, dict(STEP_SUM=True, BLOCK_R=32)), "fp16",
-                 "pair D=80 block=64 G=4 STEP_SUM"))
+    # the probe's other options of the means kernel (benchmarks/select_probe.py)
+    from select_probe import MEANS
+    for opts in MEANS:
+        jobs.append((k.block_means_pair_kernel, dict(selection._means_meta(128, 128, 1), **opts), "bf16",
+                     f"means D=128 block=128 {opts}"))
     for kern, meta, x_dtype, what in jobs:
-        if not within_shared([(kern, meta, what)], types=dict(TYPES, **{x: "*" + x_dtype for x in ("X", "Q", "K")})):
+        if not within_shared([(kern, meta, what)], types=dict(TYPES, **{x: "*" + x_dtype for x in ("Q", "K")})):
             return 1
     return 0
 

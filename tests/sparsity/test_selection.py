@@ -120,79 +120,6 @@ def test_long_rows_form(causal, device, monkeypatch):
     assert_selects_like_reference(idx.cpu(), q, k, 16, 8, causal)
 
 
-def _tie_inputs(gen, nb, block, d, hkv=1, short=0):
-    """Integer q and k whose key blocks repeat three patterns: many exactly equal scores."""
-    q = torch.randint(-2, 3, (1, 2 * hkv, nb * block - short, d), generator=gen).float()
-    pats = torch.randint(-2, 3, (3, block, d), generator=gen).float()
-    k = pats[torch.randint(0, 3, (hkv * nb,), generator=gen)].reshape(1, hkv, nb * block, d)[:, :, :q.shape[2]]
-    return q, k.contiguous()
-
-
-@pytest.mark.parametrize("form", ["pending", "threshold"])
-@pytest.mark.parametrize("n,hq,hkv,d,topk,block,causal,block_m,split", [
-    pytest.param(41 * 8 - 5, 4, 2, 16, 16, 8, True, 16, 1, id="n323-gqa2-k16"),
-    pytest.param(41 * 8 - 5, 2, 1, 16, 5, 8, False, 32, 3, id="n323-k5-bidir-split3"),
-    pytest.param(301, 2, 1, 16, 30, 16, True, 16, 1, id="n301-k-over-candidates"),
-    pytest.param(200, 2, 1, 16, 40, 16, False, 16, 1, id="n200-k-over-candidates-bidir"),
-])
-def test_pending_forms_match_current(form, n, hq, hkv, d, topk, block, causal, block_m, split, device, monkeypatch):
-    """The long rows' pending forms (``_pending_top``: keys wait at their tile column, merged when
-    one would land on another; THRESHOLD: only keys at or above a bound from tile-column maxima
-    wait), here at small tiles so that merges happen mid-row: the same indices as the launcher's
-    form, exactly, and the reference's selection; ties too."""
-    gen = torch.Generator().manual_seed(n + topk)
-    q = torch.randn(1, hq, n, d, generator=gen)
-    k = torch.randn(1, hkv, n, d, generator=gen)
-    qi, ki = _tie_inputs(gen, 25, 8, 16)   # whole blocks: exact means, exact scores
-    want = [msa.select_blocks(x.to(device), y.to(device), topk, block=b, causal=causal).cpu()
-            for x, y, b in ((q, k, block), (qi, ki, 8))]
-    meta = selection._select_meta
-    monkeypatch.setattr(selection, "_select_meta", lambda *a: dict(
-        meta(*a), INSERT=False, FIRST_SORT=False, PENDING=True, THRESHOLD=form == "threshold", BLOCK_M=block_m,
-        BLOCK_N=max(16, meta(*a)["W"])))
-    monkeypatch.setattr(selection, "_split", lambda programs, tiles: split)
-    got = msa.select_blocks(q.to(device), k.to(device), topk, block=block, causal=causal).cpu()
-    assert torch.equal(got, want[0])
-    assert_selects_like_reference(got, q, k, topk, block, causal)
-    got = msa.select_blocks(qi.to(device), ki.to(device), topk, block=8, causal=causal).cpu()
-    assert torch.equal(got, want[1])
-    assert torch.equal(got, select_blocks_reference(qi, ki, topk, 8, causal=causal))
-
-
-def test_long_form_switch(device, monkeypatch):
-    """``LONG_FORM`` and ``PAIR_MEANS`` as select_blocks launches them (long rows lowered to 24
-    blocks, BLOCK_M 128): the launcher's indices, GQA and an odd N."""
-    monkeypatch.setattr(selection, "LONG_SELECT", 24)
-    assert selection._select_meta(16, 16, True, 24)["BLOCK_N"] % 16 == 0
-    gen = torch.Generator().manual_seed(2)
-    q = torch.randn(1, 2, 24 * 8 - 3, 16, generator=gen)
-    k = torch.randn(1, 1, 24 * 8 - 3, 16, generator=gen)
-    want = msa.select_blocks(q.to(device), k.to(device), 7, block=8)
-    monkeypatch.setattr(selection, "LONG_FORM", "threshold")   # (pending: the test above)
-    monkeypatch.setattr(selection, "PAIR_MEANS", dict(STEP_SUM=True, BLOCK_R=4, num_warps=2))
-    got = msa.select_blocks(q.to(device), k.to(device), 7, block=8)
-    assert torch.equal(got.cpu(), want.cpu())
-    assert_selects_like_reference(got.cpu(), q, k, 7, 8, True)
-
-
-@pytest.mark.parametrize("opts", [{}, dict(BLOCKS=3), dict(STEP_SUM=True, BLOCK_R=16, num_warps=2),
-                                  dict(STEP_SUM=True, BLOCK_R=32, BLOCKS=2)],
-                         ids=["as-two-launches", "blocks3", "step-sum16", "step-sum32-blocks2"])
-@pytest.mark.parametrize("n", [1, 301])
-def test_pair_means_match_float64(n, opts):
-    """block_means_pair_kernel: q's means over a GQA group of 3 and k's in one launch, the last
-    block short and, with BLOCKS, programs past the last block: the float64 means."""
-    gen = torch.Generator().manual_seed(n)
-    q = torch.randn(2, 6, n, 16, generator=gen).half()
-    k = torch.randn(2, 2, n, 16, generator=gen).half()
-    qm, km = selection._block_means_pair(q, k, 64, opts)
-    nb = -(-n // 64)
-    want_q = block_means_reference(q, 64).view(2, 2, 3, nb, 16).mean(2)
-    assert qm.dtype == km.dtype == torch.float32 and qm.shape == km.shape == (2, 2, nb, 16)
-    assert torch.allclose(qm.double(), want_q, rtol=1e-6, atol=1e-6)
-    assert torch.allclose(km.double(), block_means_reference(k, 64), rtol=1e-6, atol=1e-6)
-
-
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_ties_go_to_the_lower_block(causal, device):
     """Integer inputs with few distinct key blocks: many exactly equal scores, exact in float32
@@ -227,18 +154,47 @@ def test_structure():
     assert (full >= 0).all() and torch.equal(full.sort(-1).values, own.expand(2, 2, nb, nb).to(torch.int32))
 
 
-@pytest.mark.parametrize("n", [1, 100, 128, 301])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("group", [1, 3])
-def test_block_means_match_float64(n, dtype, group):
-    """The pooled vectors select_blocks scores: float32 means over a block's rows (the last one
-    short) and a GQA group's heads."""
-    x = torch.randn(2, 6, n, 16).to(dtype)
-    got = selection._block_means(x, 64, group)
-    nb = -(-n // 64)
-    want = block_means_reference(x, 64).view(2, 6 // group, group, nb, 16).mean(2)
-    assert got.dtype == torch.float32 and got.shape == (2, 6 // group, nb, 16)
-    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
+def test_block_means_launcher_form():
+    """The means' form timed fastest at D=128, 128-blocks (H200, select_probe.py, 2026-12-04): 32-row
+    steps summed at once on 2 warps, two blocks a program; other shapes' forms within a step of
+    4096 elements and 8 unrolled steps a program."""
+    meta = selection._means_meta(128, 128, 1)
+    assert {k: meta[k] for k in ("STEP_SUM", "BLOCK_R", "BLOCKS", "num_warps")} == \
+        dict(STEP_SUM=True, BLOCK_R=32, BLOCKS=2, num_warps=2)
+    for d, block in ((256, 128), (256, 64), (64, 256), (128, 256), (128, 16), (512, 128), (256, 256), (128, 1024)):
+        m = selection._means_meta(d, block, 4)
+        if m["STEP_SUM"]:
+            assert m["BLOCK_R"] * m["BLOCK_D"] <= 8192 and m["BLOCKS"] * -(-block // m["BLOCK_R"]) <= 8, (d, block, m)
+        else:
+            assert m["BLOCK_R"] * m["BLOCK_D"] <= 16384 and m["BLOCKS"] == 1, (d, block, m)
+
+
+@pytest.mark.parametrize("n,b,hq,hkv,d,block,dtype,step_sum,grid_y", [
+    pytest.param(1, 2, 2, 1, 128, 128, torch.bfloat16, True, None, id="n1-d128-b128"),
+    # 2 steps of 32 rows a block, 2 blocks a program: 5 blocks, the last short, a program past the end
+    pytest.param(301, 2, 6, 2, 128, 64, torch.float16, True, None, id="n301-d128-b64-gqa3"),
+    # a block of 1.5 steps (rows of the next block masked), D padded to 128
+    pytest.param(200, 1, 4, 2, 80, 48, torch.float32, True, None, id="n200-d80-b48-gqa2"),
+    # 8 steps of 16 rows, one block a program; batches in 3 launches (grid's second dimension 2 x Hkv)
+    pytest.param(301, 3, 1, 1, 256, 128, torch.bfloat16, True, 2, id="n301-d256-b128-chunks"),
+    # 16 steps of 16 rows: the loop of 64-row steps
+    pytest.param(301, 1, 3, 1, 256, 256, torch.float16, False, None, id="n301-d256-b256-loop"),
+])
+def test_block_means_match_float64(n, b, hq, hkv, d, block, dtype, step_sum, grid_y, monkeypatch):
+    """The pooled vectors select_blocks scores, as its launcher computes them: float32 means of q
+    over a block's rows (the last one short) and a GQA group's heads, and of k, against float64."""
+    assert selection._means_meta(d, block, hq // hkv)["STEP_SUM"] == step_sum
+    if grid_y:
+        monkeypatch.setattr(selection, "MAX_GRID_Y", grid_y)
+    gen = torch.Generator().manual_seed(n + d)
+    q = torch.randn(b, hq, n, d, generator=gen).to(dtype)
+    k = torch.randn(b, hkv, n, d, generator=gen).to(dtype)
+    qm, km = selection._block_means(q, k, block)
+    nb = -(-n // block)
+    want_q = block_means_reference(q, block).view(b, hkv, hq // hkv, nb, d).mean(2)
+    assert qm.dtype == km.dtype == torch.float32 and qm.shape == km.shape == (b, hkv, nb, d)
+    assert torch.allclose(qm.double(), want_q, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(km.double(), block_means_reference(k, block), rtol=1e-6, atol=1e-6)
 
 
 def test_too_many_slots(monkeypatch):
