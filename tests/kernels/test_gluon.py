@@ -363,6 +363,37 @@ def test_layouts_tma_cannot_address_are_named():
     assert "strides" in gluon.layout_reason(z)
 
 
+def test_descriptors_built_without_the_constructor_equal_its_own(monkeypatch):
+    """``_descriptor`` skips the dataclass's checks (``layout_reason``'s); its descriptors have
+    the fields, values and class the constructor gives, and the direct launch keys them alike.
+    A Triton whose class has other required fields gets the constructor."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    import dataclasses
+
+    from msa_codegen.kernels import direct
+
+    cls, defaults = gluon._descriptor_class()
+    assert defaults is not None, "this Triton's TensorDescriptor fields changed: the fast path is off"
+    bhnd = torch.randn(2, 3, 100, 64, dtype=torch.bfloat16)
+    bnhd = torch.randn(2, 100, 3, 128, dtype=torch.float16).transpose(1, 2)
+    for x, block in ((bhnd, [64, 64]), (bhnd, [128, 64]), (bnhd, [64, 128])):
+        assert gluon.layout_reason(x) is None
+        _, rows, cols = gluon._rows_view(x)
+        got = gluon._descriptor(x, rows, cols, block)
+        want = cls(x, [rows, cols], [x.stride(2), 1], block, gluon._smem_layout(tuple(block), x.dtype))
+        assert type(got) is cls
+        for f in dataclasses.fields(cls):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            assert (a is b) if f.name == "base" else (a == b), f.name
+        assert direct._descriptor_key(got) == direct._descriptor_key(want)
+    monkeypatch.setattr(gluon, "_descriptor_class", lambda: (cls, None))
+    built = []
+    monkeypatch.setattr(cls, "__post_init__", lambda self, real=cls.__post_init__: built.append(1) or real(self))
+    gluon._descriptor(bhnd, *gluon._rows_view(bhnd)[1:], [64, 64])
+    assert built == [1]
+
+
 def test_the_variable_is_read_on_every_call(monkeypatch):
     monkeypatch.delenv(gluon.ENV, raising=False)
     assert not gluon.requested()
