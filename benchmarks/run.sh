@@ -39,6 +39,9 @@
 #              backward where eligible, one process; limit T2=80 s; rows to
 #              $OUT/gluon_bench.jsonl as they finish), then a summary: each stage's exit status and
 #              the timing table. ARGS go to pytest
+#   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
+#              cost, pairs) against the Triton forward on dense patterns, one process; ARGS e.g.
+#              --cases 0,3
 #
 # Set-up shared by every suite: the repository on PYTHONPATH (no install needed), and the wheels
 # carried in .whl/ (the GPU image lacks optuna and sqlalchemy; see the device tool's wheels.sh)
@@ -145,6 +148,9 @@ case "$suite" in
     done ;;
   sweep)
     { header; limit python3 benchmarks/sweep.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  gluon-orders)
+    { header; limit python3 benchmarks/gluon_orders.py "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon)
     T1=${T1:-180}; T2=${T2:-80}
