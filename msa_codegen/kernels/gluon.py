@@ -111,6 +111,11 @@ def requested(kplans=(), n: int | None = None, backward: bool = False, head_dim:
 DOCS_BWD_MIN_N = 16384
 
 
+def _plain_dense(kplan: KernelPlan) -> bool:
+    """A dense plan without packed documents or top-k (no locality term at all)."""
+    return kplan.dense and not kplan.has_window and not kplan.documents and not kplan.topk
+
+
 def _gluon_dense(kplans, head_dim) -> bool:
     """Dense plans (no window, documents or top-k) whose forward runs faster in Gluon: D=128.
     H200, Triton 3.6, bf16, 2026-12-04, one process, against the Triton forward's time: causal
@@ -118,8 +123,7 @@ def _gluon_dense(kplans, head_dim) -> bool:
     32768 (B=1, H=16), 0.86x at B=4 N=8192; by cost (an odd number of query tiles) 0.71-0.98x,
     head-major 0.93-1.21x; bidirectional N=16384 0.92x. D=64 (causal, H=32, N=16384): pairs
     0.96x, head-major 0.99x, by cost 1.01x: D=64 stays on Triton (one shape measured)."""
-    return (bool(kplans) and head_dim == 128
-            and all(kp.dense and not kp.has_window and not kp.documents and not kp.topk for kp in kplans))
+    return bool(kplans) and head_dim == 128 and all(map(_plain_dense, kplans))
 
 
 def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: int | None = None) -> str | None:
@@ -137,9 +141,10 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
     (``_gluon_dense``; the family has no dense backward without documents, so the Triton
     backward runs on its o and LSE). ``n``: the call's length (None: not known, no length rule);
     ``head_dim`` None: not known (no dense plan is automatic)."""
-    if not kplans or not (all(kp.topk or kp.documents for kp in kplans) or _gluon_dense(kplans, head_dim)):
+    runtime = bool(kplans) and all(kp.topk or kp.documents for kp in kplans)
+    if not (runtime or _gluon_dense(kplans, head_dim)):
         return "automatic for top-k, packed-document (cu_seqlens) and dense D=128 plans only"
-    if backward and not all(kp.topk or kp.documents for kp in kplans):
+    if backward and not runtime:
         return "the forward only for dense plans (the family's dense backward needs packed documents)"
     if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
         return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
@@ -317,7 +322,7 @@ def slower_reason(kplans, head_dim: int | None = None) -> str | None:
     (``_gluon_dense``). Over packed documents the dense forward is the faster one: causal, 13
     documents of 1k-16k, N=131072, H=16, 11.54 ms against 13.46 (H200, Triton 3.6, 2026-12-04).
     The GPU tests run every dense kernel directly (``forward``)."""
-    dense = [kp for kp in kplans if kp.dense and not kp.has_window and not kp.documents]
+    dense = [kp for kp in kplans if _plain_dense(kp)]
     if dense and not _gluon_dense(dense, head_dim):
         return (f"dense pattern (no window) at D={head_dim}: Gluon runs dense plans at D=128 only (at D=64 one "
                 "shape measured, causal N=16384: 0.96-1.01x the Triton forward's time)")
@@ -552,7 +557,7 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
     H=16 D=128 N=4096 0.170 / 0.130 / 0.121 (0.182), N=8192 0.613 / 0.493 / 0.465 (0.571),
     N=16384 2.460 / 1.933 / 1.839 (2.034), N=32768 7.948 / 7.744 / 7.154 (7.937); B=4 N=8192
     2.035 / 2.101 / 1.895 (2.197); D=64 H=32 N=16384 2.540 / 2.597 / 2.461 (2.566)."""
-    if not (kplan.causal and kplan.dense and not kplan.documents and not kplan.topk):
+    if not (kplan.causal and _plain_dense(kplan)):
         return HEAD_MAJOR
     if n_qb % 2 == 0:
         return PAIRS
@@ -697,21 +702,28 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
 
 # ---- ahead-of-time compile (no GPU needed) --------------------------------------------------
 
+_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _aot_descriptor(dtype: torch.dtype, rows: int, head_dim: int) -> str:
+    """The signature type of a [rows, head_dim] TMA block descriptor, as a launch specialises it."""
+    return f"tensordesc<{_SHORT[dtype]}[{rows}, {head_dim}],{_smem_layout((rows, head_dim), dtype)!r}>"
+
+
 def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
     """The plan's kernel compiled for sm_{arch} without a GPU (Triton's bundled ptxas), as a
     launch specialises it: a CompiledKernel (``.metadata.shared``, ``.asm['cubin']``). Run it in
     a process without TRITON_INTERPRET."""
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kern = load(kplan).msa_gluon_fwd
-    gdt, short = (gl.bfloat16, "bf16") if dtype == torch.bfloat16 else (gl.float16, "fp16")
+    short = _SHORT[dtype]
 
     def desc(rows):
-        block = [rows, head_dim]
-        return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
+        return _aot_descriptor(dtype, rows, head_dim)
 
+    # ORDER: the tile order of a call of N=16384, H=16 on 132 SMs
     consts = dict(STAGES=RING[head_dim], FOLD=True, ORDER=tile_order(kplan, 128, 16, 132))
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
                O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", qk_scale="fp32")
@@ -724,15 +736,13 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
 def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
     """``aot_compile`` for the backward: {"dkdv": CompiledKernel, "dq": CompiledKernel}."""
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     mod = load(kplan, "bwd")
-    gdt, short = (gl.bfloat16, "bf16") if dtype == torch.bfloat16 else (gl.float16, "fp16")
+    short = _SHORT[dtype]
 
     def desc(rows):
-        block = [rows, head_dim]
-        return f"tensordesc<{short}[{rows}, {head_dim}],{gl.NVMMASharedLayout.get_default_for(block, gdt)!r}>"
+        return _aot_descriptor(dtype, rows, head_dim)
 
     out = {}
     kv_rows = dict(dkdv=BLOCK_N // 2, dq=BLOCK_N)
