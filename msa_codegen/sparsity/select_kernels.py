@@ -112,6 +112,16 @@ def _widen(key, W: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(p_x, s_n, n0, r0, o_r, o_d, m_d, N, BLOCK: tl.constexpr):
+    """Rows n0 + r0 + o_r of a block (at most BLOCK from n0, before N) of the head at ``p_x``,
+    columns ``o_d``: [BLOCK_R, BLOCK_D] float32, zeros where masked."""
+    o_n = n0 + r0 + o_r
+    m_n = (r0 + o_r < BLOCK) & (o_n < N)
+    b_x = tl.load(p_x + o_n.to(tl.int64)[:, None] * s_n + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+    return b_x.to(tl.float32)
+
+
+@triton.jit
 def _block_mean(X, OUT, s_b, s_h, s_n, N, NB, HO, i_c, i_bo, G,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
                 STEP_SUM: tl.constexpr):
@@ -132,22 +142,12 @@ def _block_mean(X, OUT, s_b, s_h, s_n, N, NB, HO, i_c, i_bo, G,
         b_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
         for g in range(G):
             for r0 in tl.static_range(0, BLOCK, BLOCK_R):
-                o_n = n0 + r0 + o_r
-                m_n = (r0 + o_r < BLOCK) & (o_n < N)
-                # [BLOCK_R, BLOCK_D]
-                b_x = tl.load(p_x0 + g * s_h + o_n.to(tl.int64)[:, None] * s_n + o_d[None, :],
-                              mask=m_n[:, None] & m_d[None, :], other=0.0)
-                b_sum += tl.sum(b_x.to(tl.float32), axis=0)
+                b_sum += tl.sum(_block_rows(p_x0 + g * s_h, s_n, n0, r0, o_r, o_d, m_d, N, BLOCK), axis=0)
     else:
         b_acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
         for g in range(G):
             for r0 in range(0, BLOCK, BLOCK_R):
-                o_n = n0 + r0 + o_r
-                m_n = (r0 + o_r < BLOCK) & (o_n < N)
-                # [BLOCK_R, BLOCK_D]
-                b_x = tl.load(p_x0 + g * s_h + o_n.to(tl.int64)[:, None] * s_n + o_d[None, :],
-                              mask=m_n[:, None] & m_d[None, :], other=0.0)
-                b_acc += b_x.to(tl.float32)
+                b_acc += _block_rows(p_x0 + g * s_h, s_n, n0, r0, o_r, o_d, m_d, N, BLOCK)
         b_sum = tl.sum(b_acc, axis=0)
     if n0 < N:
         rows = tl.minimum(N - n0, BLOCK)
