@@ -39,6 +39,9 @@
 #              backward where eligible, one process; limit T2=80 s; rows to
 #              $OUT/gluon_bench.jsonl as they finish), then a summary: each stage's exit status and
 #              the timing table. ARGS go to pytest
+#   hash-floor  benchmarks/hash_blocks.py --time: the Hash-sparse floor probe (our call and
+#              FlexAttention against dense causal over equal packed documents on both kernel
+#              families, with each forward+backward's kernel time); ARGS e.g. --n 8192
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs) against the Triton forward on dense patterns, one process; ARGS e.g.
 #              --cases 0,3
@@ -148,6 +151,9 @@ case "$suite" in
     done ;;
   sweep)
     { header; limit python3 benchmarks/sweep.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  hash-floor)
+    { header; limit python3 benchmarks/hash_blocks.py --time "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon-orders)
     { header; limit python3 benchmarks/gluon_orders.py "$@"; } 2>&1 | tee "$log"
