@@ -31,12 +31,15 @@ import time
 import torch
 
 CASES = {
-    # name: (pattern, B, H, N, D, hash buckets or 0, packed documents of lengths (lo, hi) or None)
+    # name: (pattern, B, H, N, D, hash buckets or 0, packed documents: of lengths (lo, hi), a count
+    # of equal ones, or None)
     "enc-w256-4k": ("causal=false,window=256", 8, 12, 4096, 64, 0, None),
     "enc-w512-4k": ("causal=false,window=512", 8, 12, 4096, 64, 0, None),
     "hash8-8k": ("causal", 1, 16, 8192, 128, 8, None),
     # the short documents whose Gluon backward measured slower (2026-12-04)
     "docs-w4096-8k": ("window=4096", 1, 16, 8192, 128, 0, (512, 4096)),
+    # the Hash-sparse floor probe's structure (benchmarks/hash_blocks.py --time): 8 equal documents
+    "docs8-causal-8k": ("causal", 1, 16, 8192, 128, 0, 8),
 }
 
 
@@ -63,7 +66,9 @@ def main(argv=None) -> None:
     do = torch.randn_like(q)
     extra = {}
     if docs:
-        extra = dict(cu_seqlens=doc_offsets(n, *docs, random.Random(0)).cuda())
+        cu = (torch.linspace(0, n, docs + 1).round().to(torch.int32) if isinstance(docs, int)
+              else doc_offsets(n, *docs, random.Random(0)))
+        extra = dict(cu_seqlens=cu.cuda())
     if buckets:
         # bench_dynamic's Hash-sparse inputs: rows sorted by LSH bucket (hash_sort, not timed)
         q, k, v, qp, kp, qb, kb = hash_inputs(q, k, v, buckets)
