@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/select_probe.py                  # N = 131072 and 1048576
     PYTHONPATH=$PWD python benchmarks/select_probe.py --n 131072 --rep 200
 
-bf16 q and k, B=1, H=16 (one KV head per query head), D=128, top-16 of 128-blocks, causal: the
-shape of bench_dynamic's topk16 rows. Timed with triton.testing.do_bench (median, L2 flushed);
+bf16 q and k, B=1, H=16 (one KV head per query head; ``--heads 32 --kv-heads 8``: GQA 32/8),
+D=128, top-16 of 128-blocks, causal: the shapes of bench_dynamic's topk16 rows. Timed with triton.testing.do_bench (median, L2 flushed);
 a variant that does not compile or run is reported and skipped. At each N:
 
 - ``select``: each variant of ``block_select_kernel`` (rows per program BLOCK_M, candidates per
@@ -104,22 +104,27 @@ def main():
     ap.add_argument("--rep", type=int, default=200, help="do_bench's timing budget in ms (default 200)")
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu: a smoke run in the interpreter")
     ap.add_argument("--heads", type=int, default=16, help="H of q and k (default 16)")
+    ap.add_argument("--kv-heads", type=int, default=0, help="k's heads, a divisor of --heads (default: --heads; "
+                    "e.g. 8 with --heads 32 for bench_dynamic's GQA 32/8 row)")
     a = ap.parse_args()
     global DEV
     DEV = a.device
     h, d, topk, block = a.heads, 128, 16, 128
+    hkv = a.kv_heads or h
+    if h % hkv:
+        raise SystemExit(f"--kv-heads {hkv} does not divide --heads {h}")
     rows = []
     orig_means = selection._means_meta
     for n in a.n:
         g = torch.Generator(device=DEV).manual_seed(0)
         q = torch.randn(1, h, n, d, device=DEV, dtype=torch.bfloat16, generator=g)
-        k = torch.randn(1, h, n, d, device=DEV, dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, hkv, n, d, device=DEV, dtype=torch.bfloat16, generator=g)
         nb = triton.cdiv(n, block)
         qm, km = selection._block_means(q, k, block)
         # select: the launcher's form first, the reference of the others' indices
         base = selection._select_meta(d, topk, True, nb)
         # the launcher splits short rows' tiles into runs (select_blocks): time it as it launches
-        split = 1 if base["INSERT"] else selection._split(triton.cdiv(nb, base["BLOCK_M"]) * h,
+        split = 1 if base["INSERT"] else selection._split(triton.cdiv(nb, base["BLOCK_M"]) * hkv,
                                                           triton.cdiv(nb, base["BLOCK_N"]))
         cur = dict(base, SPLIT=split)
         run, ref = _select(qm, km, cur, topk)
@@ -138,7 +143,7 @@ def main():
                 continue
             rows.append((n, "select", name, ms, _same(out, ref)))
         # means: the launcher's options, then the others
-        means_meta = selection._means_meta(d, block, 1)
+        means_meta = selection._means_meta(d, block, h // hkv)
         launcher = {k: means_meta[k] for k in ("STEP_SUM", "BLOCK_R", "BLOCKS", "num_warps")}
         launcher_ms = _bench(lambda: selection._block_means(q, k, block), a.rep)
         rows.append((n, "means", "block_means_pair_kernel " + _opts(launcher) + " *", launcher_ms, "the launcher's"))
@@ -177,7 +182,7 @@ def main():
             torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name() if DEV == "cuda" else DEV
     print(f"\n{gpu}, torch {torch.__version__}, Triton {triton.__version__}: "
-          f"H={h} D={d} bf16 top-{topk} of {block}-blocks, causal; ms (do_bench median)")
+          f"H={h}/{hkv} D={d} bf16 top-{topk} of {block}-blocks, causal; ms (do_bench median)")
     for n, part, name, ms, note in rows:
         print(f"N={n:8d} {part:6s} {name:84s} {ms:8.3f}  {note}")
 
