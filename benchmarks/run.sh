@@ -42,6 +42,8 @@
 #   hash-floor  benchmarks/hash_blocks.py --time: the Hash-sparse floor probe (our call and
 #              FlexAttention against dense causal over equal packed documents on both kernel
 #              families, with each forward+backward's kernel time); ARGS e.g. --n 8192
+#   gluon-ab   benchmarks/gluon_ab.py: variants of the Gluon forward's template (files) against
+#              the tree's, one process; ARGS e.g. --variant old=/tmp/old.jinja --cases 0,1
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs) against the Triton forward on dense patterns, one process; ARGS e.g.
 #              --cases 0,3
@@ -154,6 +156,9 @@ case "$suite" in
     rc=${PIPESTATUS[0]} ;;
   hash-floor)
     { header; limit python3 benchmarks/hash_blocks.py --time "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  gluon-ab)
+    { header; limit python3 benchmarks/gluon_ab.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon-orders)
     { header; limit python3 benchmarks/gluon_orders.py "$@"; } 2>&1 | tee "$log"

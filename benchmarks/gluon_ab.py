@@ -1,0 +1,152 @@
+"""Variants of the Gluon forward's template side by side in one process (GPU), for template changes.
+
+    PYTHONPATH=$PWD python benchmarks/gluon_ab.py --variant old=/tmp/fwd_old.jinja [--variant new=PATH ...]
+                                                  [--cases 0,1,2] [--rounds 5] [--rep 200]
+    PYTHONPATH=$PWD python benchmarks/gluon_ab.py --variant old=PATH --render-only   # no GPU: each renders
+    bash benchmarks/run.sh gluon-ab ARGS
+
+The variant ``tree`` (always the first) is the template of this tree
+(``msa_codegen/templates/gluon/fwd.py.jinja``); each ``--variant NAME=PATH`` is another file of
+that template, e.g. ``git show HEAD~1:msa_codegen/templates/gluon/fwd.py.jinja > /tmp/old.jinja``.
+Every variant renders through its own Jinja environment (the other templates from the tree) and
+loads as its own kernel module, so one process times them all: ``kernels.gluon.forward`` per
+case (bf16), each variant first checked against float64 at small odd shapes (``window=256`` and
+``causal``, N=1000, B=2, H=4, D=128) and against the tree's output on the case itself, then
+timed in interleaved rounds (``triton.testing.do_bench`` medians; the best and the median
+round). Effective TFLOP/s count the visible pairs. One table last. How the Q-release change of
+2026-12-04 was measured (docs/performance.md, "The Gluon family").
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import jinja2
+import torch
+
+from msa_codegen.bench import _spin_up, _time, attended_pairs
+from msa_codegen.kernels import gluon
+from msa_codegen.kernels import render as _render
+from msa_codegen.pattern.spec import parse
+from msa_codegen.plan import plan_for
+
+#: (pattern, B, H, N, D)
+CASES = [("window=4096", 1, 16, 131072, 128), ("causal", 1, 16, 16384, 128), ("causal=false,window=512", 1, 16, 65536, 128),
+         ("window=4096,sink=64", 1, 16, 131072, 128), ("window=4096", 1, 32, 131072, 64)]
+CHECKS = [("window=256", 1000), ("causal", 1000)]
+
+
+def _env(text: str) -> jinja2.Environment:
+    # the tree's environment, with the forward template's text replaced
+    base = _render._env()
+    return jinja2.Environment(
+        loader=jinja2.ChoiceLoader([jinja2.DictLoader({gluon.TEMPLATE: text}), base.loader]),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        autoescape=False)
+
+
+class Variants:
+    """The variants' environments and kernel modules; ``use(name)`` makes ``kernels.gluon`` render
+    and load that variant's kernels until the next call."""
+
+    def __init__(self, texts: dict[str, str]):
+        self.envs = {name: _env(text) for name, text in texts.items()}
+        self.modules = {name: {} for name in texts}
+        self.real_env, self.real_modules = _render._env, gluon._modules
+
+    def use(self, name: str) -> None:
+        env = self.envs[name]
+        _render._env = lambda: env
+        gluon._modules = self.modules[name]
+
+    def restore(self) -> None:
+        _render._env, gluon._modules = self.real_env, self.real_modules
+
+
+def _reference(q, k, v, pattern: str, scale: float) -> torch.Tensor:
+    n = q.shape[2]
+    i = torch.arange(n, device=q.device)[:, None]
+    j = torch.arange(n, device=q.device)[None]
+    spec = parse(pattern).groups[0].spec
+    visible = (j <= i) & (i - j < (spec.window or n))
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    return torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ v.double()
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=PATH",
+                    help="a file of the forward template (repeatable)")
+    ap.add_argument("--cases", default="0,1,2", help="indices into CASES (default 0,1,2)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--rep", type=int, default=200, help="do_bench's budget in ms (default 200)")
+    ap.add_argument("--render-only", action="store_true", help="render every variant for every case (no GPU)")
+    args = ap.parse_args(argv)
+    texts = {"tree": (_render.TEMPLATE_DIR / gluon.TEMPLATE).read_text()}
+    for item in args.variant:
+        name, sep, path = item.partition("=")
+        if not sep or not name or name in texts:
+            raise SystemExit(f"--variant {item!r}: expected a new NAME=PATH")
+        texts[name] = open(path).read()
+    cases = [CASES[int(i)] for i in args.cases.split(",")]
+    variants = Variants(texts)
+    try:
+        if args.render_only:
+            from msa_codegen.pattern.lowering import lower
+            for name in texts:
+                variants.use(name)
+                for pattern, *_ in cases + [(p, 0, 0, 0, 0) for p, _ in CHECKS]:
+                    source = gluon.render(lower(parse(pattern).groups[0].spec))
+                    print(f"{name}: {pattern} renders ({len(source)} characters)")
+            return 0
+        if not torch.cuda.is_available():
+            raise SystemExit("gluon_ab.py times GPU kernels: no GPU is visible (--render-only renders)")
+        return _run(variants, list(texts), cases, args.rounds, args.rep)
+    finally:
+        variants.restore()
+
+
+def _run(variants: Variants, names: list[str], cases, rounds: int, rep: int) -> int:
+    _spin_up(1.0)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for pattern, n in CHECKS:
+        q, k, v = (torch.randn(2, 4, n, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+        plan = plan_for(pattern, q.device, q.dtype, 128, 4, 4, n)
+        ref = _reference(q, k, v, pattern, 128 ** -0.5)
+        for name in names:
+            variants.use(name)
+            o, _ = gluon.forward(q, k, v, plan, 128 ** -0.5)
+            print(f"check {pattern} N={n} {name}: relative error against float64 {_rel(o, ref):.3e}", flush=True)
+    rows = []
+    for pattern, b, h, n, d in cases:
+        q, k, v = (torch.randn(b, h, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+        plan = plan_for(pattern, q.device, q.dtype, d, h, h, n)
+        scale = d ** -0.5
+        outs = {}
+        for name in names:
+            variants.use(name)
+            outs[name] = gluon.forward(q, k, v, plan, scale)[0]
+        times = {name: [] for name in names}
+        for _ in range(rounds):   # interleaved: a drift of the clocks hits every variant
+            for name in names:
+                variants.use(name)
+                times[name].append(_time(lambda: gluon.forward(q, k, v, plan, scale), rep))
+        flops = 4.0 * d * h * b * attended_pairs(parse(pattern).groups[0].spec, n)
+        for name in names:
+            best, med = min(times[name]), statistics.median(times[name])
+            diff = (outs[name].float() - outs[names[0]].float()).abs().max().item()
+            rows.append((f"{pattern} B={b} H={h} N={n} D={d}", name, best, med, flops / best * 1e-9, diff))
+            print(rows[-1], flush=True)
+    print("\n| case | variant | best ms | median ms | TF/s (best) | max abs diff vs tree |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for case, name, best, med, tf, diff in rows:
+        print(f"| {case} | {name} | {best:.3f} | {med:.3f} | {tf:.0f} | {diff:.1e} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
