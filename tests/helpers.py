@@ -310,6 +310,19 @@ def run_sm90_script(*args, env=None, timeout=600) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_aot_source(source: str, cases, tmp_path, timeout: int = 300) -> list:
+    """``python -c source json(cases)`` without TRITON_INTERPRET, with its own codegen home and
+    Triton cache under ``tmp_path``: the Gluon kernels' sm_90 compiles (no GPU needed). Returns
+    the JSON list the script prints last."""
+    import json
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    p = subprocess.run([sys.executable, "-c", source, json.dumps(cases)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 # ---- the Gluon templates' tile helpers, run as Python over NumPy (tests/kernels/test_gluon*.py) ----
 
 class GlScalar(int):

@@ -11,13 +11,9 @@ window, the Triton one with a sink; test_gluon_bwd.py) on the Gluon forward's o 
 from __future__ import annotations
 
 import ast
-import json
 import logging
-import os
 import random
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,7 +21,7 @@ import torch
 
 import msa_codegen as msa
 from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
-    make_inputs, rel_err, rendered_helpers, topk_inputs
+    make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
@@ -522,12 +518,7 @@ def test_ahead_of_time_compile_for_sm90(tmp_path):
     """The rendered kernel compiles for sm_90 without a GPU, within its shared memory."""
     pytest.importorskip("triton.backends.nvidia")
     cases = [("window=256", "bfloat16", 128), ("causal=false,window=64,sink=16", "float16", 64)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    p = subprocess.run([sys.executable, "-c", _AOT, json.dumps(cases)], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = run_aot_source(_AOT, cases, tmp_path)
     for (pattern, _, d), row in zip(cases, rows):
         # Q and O (2 x 64 rows each) and the K/V ring: 196,936 B at D=128 (probe), under 232,448
         ring = gluon.RING[d]
@@ -565,12 +556,7 @@ def test_forwards_compile_for_sm90_without_spills(tmp_path):
     cases = [("window=4096", False), ("causal", False), ("causal=false", False), ("causal=false,window=512", False),
              ("window=4096,sink=64", False), ("causal=false,window=512,sink=64", False), ("topk=16", False),
              ("causal=false,topk=16", False), ("window=4096", True), ("causal", True)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    p = subprocess.run([sys.executable, "-c", _SPILLS, json.dumps(cases)], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = run_aot_source(_SPILLS, cases, tmp_path, timeout=600)
     assert len(rows) == len(cases)
     for row in rows:
         assert row["hgmma"] > 0, row   # the SASS was read: the products are there

@@ -12,13 +12,9 @@ H100/H200, and through ``msa_codegen.attention(...).backward()`` with MSA_CODEGE
 from __future__ import annotations
 
 import ast
-import json
 import logging
-import os
 import random
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,7 +22,7 @@ import torch
 
 import msa_codegen as msa
 from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
-    make_inputs, rel_err, rendered_helpers, topk_inputs
+    make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
@@ -484,12 +480,7 @@ def test_ahead_of_time_compile_for_sm90(tmp_path):
     """Both backward kernels compile for sm_90 without a GPU, within its shared memory."""
     pytest.importorskip("triton.backends.nvidia")
     cases = [("window=256", "bfloat16", 128), ("causal=false,window=64", "float16", 64)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(MSA_CODEGEN_HOME=str(tmp_path / "home"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    p = subprocess.run([sys.executable, "-c", _AOT, json.dumps(cases)], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = run_aot_source(_AOT, cases, tmp_path)
     for (_, _, d), row in zip(cases, rows):
         ring = gluon.BWD_RING[d]
         # dK/dV: K, V (128 keys) and the Q / dO ring of 64-row tiles; dQ: Q, dO (128 rows), K/V ring
