@@ -10,9 +10,9 @@ The variant ``tree`` (always the first) is the template of this tree
 that template, e.g. ``git show HEAD~1:msa_codegen/templates/gluon/fwd.py.jinja > /tmp/old.jinja``.
 Every variant renders through its own Jinja environment (the other templates from the tree) and
 loads as its own kernel module, so one process times them all: ``kernels.gluon.forward`` per
-case (bf16), each variant first checked against float64 at small odd shapes (``window=256`` and
-``causal``, N=1000, B=2, H=4, D=128) and against the tree's output on the case itself, then
-timed in interleaved rounds (``triton.testing.do_bench`` medians; the best and the median
+case (bf16), each variant first checked against the pattern contract's float64 reference
+(``reference_attention``) at small odd shapes (``window=256`` and ``causal``, N=1000, B=2, H=4,
+D=128) and against the tree's output on the case itself, then timed in interleaved rounds (``triton.testing.do_bench`` medians; the best and the median
 round). Effective TFLOP/s count the visible pairs. One table last. How the Q-release change of
 2026-12-04 was measured (docs/performance.md, "The Gluon family").
 """
@@ -27,6 +27,7 @@ import torch
 from msa_codegen.bench import _spin_up, _time, attended_pairs
 from msa_codegen.kernels import gluon
 from msa_codegen.kernels import render as _render
+from msa_codegen.pattern.reference import reference_attention, relative_error
 from msa_codegen.pattern.spec import parse
 from msa_codegen.plan import plan_for
 
@@ -61,20 +62,6 @@ class Variants:
 
     def restore(self) -> None:
         _render._env, gluon._modules = self.real_env, self.real_modules
-
-
-def _reference(q, k, v, pattern: str, scale: float) -> torch.Tensor:
-    n = q.shape[2]
-    i = torch.arange(n, device=q.device)[:, None]
-    j = torch.arange(n, device=q.device)[None]
-    spec = parse(pattern).groups[0].spec
-    visible = (j <= i) & (i - j < (spec.window or n))
-    s = (q.double() @ k.double().transpose(-1, -2)) * scale
-    return torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ v.double()
-
-
-def _rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def main(argv=None) -> int:
@@ -116,11 +103,11 @@ def _run(variants: Variants, names: list[str], cases, rounds: int, rep: int) -> 
     for pattern, n in CHECKS:
         q, k, v = (torch.randn(2, 4, n, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
         plan = plan_for(pattern, q.device, q.dtype, 128, 4, 4, n)
-        ref = _reference(q, k, v, pattern, 128 ** -0.5)
+        ref = reference_attention(q, k, v, pattern, 128 ** -0.5)
         for name in names:
             variants.use(name)
             o, _ = gluon.forward(q, k, v, plan, 128 ** -0.5)
-            print(f"check {pattern} N={n} {name}: relative error against float64 {_rel(o, ref):.3e}", flush=True)
+            print(f"check {pattern} N={n} {name}: relative error against float64 {relative_error(o, ref):.3e}", flush=True)
     rows = []
     for pattern, b, h, n, d in cases:
         q, k, v = (torch.randn(b, h, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
