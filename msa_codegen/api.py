@@ -116,7 +116,7 @@ def _check_inputs(q, k, v, scale, lengths_may_differ=False):
 
 
 def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None = None,
-              return_lse: bool = False, deterministic: bool = True, cu_seqlens=None, q_pos=None, k_pos=None,
+              return_lse: bool = False, deterministic: bool | None = None, cu_seqlens=None, q_pos=None, k_pos=None,
               q_bucket=None, k_bucket=None, block_indices=None, autotune: bool = False, q_proxy=None,
               k_proxy=None, proxy_scale: float | None = None, return_kl: bool = False):
     """Sparse attention through a pattern, with autograd.
@@ -129,8 +129,13 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         pattern: a pattern string (see ``msa_codegen.parse``) or a ``Pattern``; default dense causal.
         scale: softmax scale, default ``D ** -0.5``.
         return_lse: also return the natural-log log-sum-exp, float32 ``(B, Hq, N)`` (differentiable).
-        deterministic: the backward never uses atomics, so it is always deterministic; the flag
-            is accepted for API compatibility.
+        deterministic: whether the backward must give bit-identical gradients from run to run.
+            None (default): when ``torch.are_deterministic_algorithms_enabled()``. False allows
+            the Gluon family's fused backward (Hopper, the plans whose backward runs there),
+            which adds dQ up by TMA reductions in a varying order (0.87x the two-kernel
+            backward's time at ``window=4096``, N=131072, D=128; docs/performance.md); every
+            other backward is deterministic either way. An msa=T term's backward is not
+            governed by it (its dQ is added by atomics).
         autotune: when no tuned row of this GPU and length bucket exists for the call's key, tune
             it now (once per process, a short budget, progress on stderr) and store the winner in
             the user database (``msa_codegen.tuning.auto``). Default off: tuning never happens
@@ -206,10 +211,13 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     run_time = dict(cu_seqlens=cu_seqlens, q_pos=q_pos, k_pos=k_pos, q_bucket=q_bucket, k_bucket=k_bucket,
                     block_indices=block_indices)
     msa_inputs = q_proxy is not None or k_proxy is not None or proxy_scale is not None or return_kl
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    deterministic = bool(deterministic)
     if torch.compiler.is_compiling():
         if msa_inputs or _has_msa(pattern if isinstance(pattern, str) else str(pattern)):
             _refuse_msa_compiled()
-        return _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time)
+        return _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time, deterministic)
     if parse(pattern).msa_groups:
         return _msa_route[0](q, k, v, pattern, scale, return_lse, autotune, run_time, q_proxy, k_proxy,
                              proxy_scale, return_kl)
@@ -243,14 +251,15 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     forced = _config.override()
     cfg = plan.config if forced is None else forced
     if not dynamic:
-        out, lse = run(q, k, v, plan, scale, cfg)
+        out, lse = run(q, k, v, plan, scale, cfg, deterministic=deterministic)
         return (out, lse) if return_lse else out
     if dyn is None:
         dyn = prepare(plan.head_groups, b, hq, hkv, nq, nk, q.device, **run_time)
     if dyn.positional and nq != nk and plan.has_random:
         raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
     # cu_seqlens: positions are rows minus the document start, so dilated tiles stay strided
-    out, lse = run(q, k, v, plan, scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg, dyn.block_indices)
+    out, lse = run(q, k, v, plan, scale, cfg, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg, dyn.block_indices,
+                   deterministic)
     return (out, lse) if return_lse else out
 
 
@@ -289,7 +298,7 @@ def _compiled_plan(pattern: str, device: str, dtype: str, head_dim: int, hq: int
     return plan.pattern_text, plan.config_list, plan.has_topk, plan.has_random
 
 
-def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time):
+def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes, run_time, deterministic):
     """``attention`` under torch.compile: the custom op, with the plan's pattern and config as constants."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -299,13 +308,13 @@ def _compiled(q, k, v, pattern, scale, return_lse, positional, segments, classes
     forced = _config.override()
     config_list = list(config_list) if forced is None else as_list(forced)
     if not (positional or run_time["block_indices"] is not None or has_topk):
-        out, lse = run_compiled(q, k, v, text, scale, config_list)
+        out, lse = run_compiled(q, k, v, text, scale, config_list, deterministic=deterministic)
         return (out, lse) if return_lse else out
     dyn = prepare(parse(text).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
     if dyn.positional and nq != nk and has_random:
         raise ValueError(f"random=R needs q and k of one length, got Nq={nq}, Nk={nk}")
     out, lse = run_compiled(q, k, v, text, scale, config_list, dyn.q_pos, dyn.k_pos, dyn.q_seg, dyn.k_seg,
-                            dyn.block_indices, classes)
+                            dyn.block_indices, classes, deterministic)
     return (out, lse) if return_lse else out
 
 

@@ -33,15 +33,16 @@ def _plan_of(pattern: str, q, k, q_pos, q_seg, index_classes) -> AttentionPlan:
 def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, scale: float,
                      config: list[int], q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
                      q_seg: torch.Tensor | None = None, k_seg: torch.Tensor | None = None,
-                     block_indices: torch.Tensor | None = None,
-                     index_classes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     block_indices: torch.Tensor | None = None, index_classes: bool = False,
+                     deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    # deterministic: the backward's (read by the autograd rule), not the forward's
     plan = _plan_of(pattern, q, k, q_pos, q_seg, index_classes)
     return launch.forward(q, k, v, plan, scale, from_list(config), q_pos, k_pos, q_seg, k_seg, block_indices)
 
 
 @attention_fwd_op.register_fake
 def _(q, k, v, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None, block_indices=None,
-      index_classes=False):
+      index_classes=False, deterministic=True):
     b, hq, n, _ = q.shape
     return torch.empty_like(q), q.new_empty((b, hq, n), dtype=torch.float32)
 
@@ -51,16 +52,16 @@ def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      lse: torch.Tensor, dlse: torch.Tensor | None, pattern: str, scale: float,
                      config: list[int], q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
                      q_seg: torch.Tensor | None = None, k_seg: torch.Tensor | None = None,
-                     block_indices: torch.Tensor | None = None,
-                     index_classes: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     block_indices: torch.Tensor | None = None, index_classes: bool = False,
+                     deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = _plan_of(pattern, q, k, q_pos, q_seg, index_classes)
     return launch.backward(do, q, k, v, o, lse, dlse, plan, scale, from_list(config), q_pos, k_pos, q_seg, k_seg,
-                           block_indices)
+                           block_indices, deterministic)
 
 
 @attention_bwd_op.register_fake
 def _(do, q, k, v, o, lse, dlse, pattern, scale, config, q_pos=None, k_pos=None, q_seg=None, k_seg=None,
-      block_indices=None, index_classes=False):
+      block_indices=None, index_classes=False, deterministic=True):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -82,11 +83,11 @@ def _saved(ctx):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, pattern, scale, config, *run_time = inputs
-    run_time = run_time + [None] * (6 - len(run_time))
-    run_time, classes = run_time[:5], bool(run_time[5])
+    run_time = run_time + [None] * (7 - len(run_time))
+    run_time, classes, deterministic = run_time[:5], bool(run_time[5]), run_time[6] is None or bool(run_time[6])
     o, lse = output
     _save(ctx, q, k, v, o, lse, run_time)
-    ctx.pattern, ctx.scale, ctx.config, ctx.classes = pattern, scale, config, classes
+    ctx.pattern, ctx.scale, ctx.config, ctx.classes, ctx.deterministic = pattern, scale, config, classes, deterministic
 
 
 def _backward(ctx, do, dlse):
@@ -94,9 +95,9 @@ def _backward(ctx, do, dlse):
     if do is None:
         do = torch.zeros_like(o)
     dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, ctx.pattern, ctx.scale, ctx.config, *run_time,
-                                  ctx.classes)
-    # no gradient into positions, segments or block indices
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                                  ctx.classes, ctx.deterministic)
+    # no gradient into positions, segments, block indices or the flags
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("msa_codegen::attention_fwd", _backward, setup_context=_setup_context)
@@ -106,10 +107,10 @@ class _EagerAttention(torch.autograd.Function):
     """The eager route of ``attention``: the launchers with the plan and config in hand."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices):
+    def forward(ctx, q, k, v, plan, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices, deterministic):
         o, lse = launch.forward(q, k, v, plan, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices)
         _save(ctx, q, k, v, o, lse, [q_pos, k_pos, q_seg, k_seg, block_indices])
-        ctx.plan, ctx.scale, ctx.config = plan, scale, config
+        ctx.plan, ctx.scale, ctx.config, ctx.deterministic = plan, scale, config, deterministic
         ctx.set_materialize_grads(False)   # an unused output (the LSE, mostly) gets None, not zeros
         return o, lse
 
@@ -118,18 +119,21 @@ class _EagerAttention(torch.autograd.Function):
         q, k, v, o, lse, run_time = _saved(ctx)
         if do is None:
             do = torch.zeros_like(o)
-        dq, dk, dv = launch.backward(do, q, k, v, o, lse, dlse, ctx.plan, ctx.scale, ctx.config, *run_time)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        dq, dk, dv = launch.backward(do, q, k, v, o, lse, dlse, ctx.plan, ctx.scale, ctx.config, *run_time,
+                                     deterministic=ctx.deterministic)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def run(q, k, v, plan: AttentionPlan, scale: float, config: LaunchConfig, q_pos=None, k_pos=None, q_seg=None,
-        k_seg=None, block_indices=None):
-    """(out, lse) through the eager Function (see the module docstring for the compiled route)."""
-    return _EagerAttention.apply(q, k, v, plan, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices)
+        k_seg=None, block_indices=None, deterministic: bool = True):
+    """(out, lse) through the eager Function (see the module docstring for the compiled route);
+    ``deterministic``: the backward's (``launch.backward``)."""
+    return _EagerAttention.apply(q, k, v, plan, scale, config, q_pos, k_pos, q_seg, k_seg, block_indices,
+                                 deterministic)
 
 
 def run_compiled(q, k, v, pattern_text: str, scale: float, config_list: list[int], q_pos=None, k_pos=None,
-                 q_seg=None, k_seg=None, block_indices=None, index_classes: bool = False):
+                 q_seg=None, k_seg=None, block_indices=None, index_classes: bool = False, deterministic: bool = True):
     """(out, lse) through the custom op: what torch.compile traces."""
     return attention_fwd_op(q, k, v, pattern_text, scale, config_list, q_pos, k_pos, q_seg, k_seg, block_indices,
-                            index_classes)
+                            index_classes, deterministic)

@@ -179,7 +179,7 @@ def kernel_families(fn) -> str:
         return real_f(*a, **kw)
 
     def spy_b(*a, **kw):
-        ran.append("bwd")
+        ran.append("bwd-fused" if kw.get("fused") else "bwd")
         return real_b(*a, **kw)
 
     gluon.forward, gluon.backward = spy_f, spy_b
@@ -188,6 +188,8 @@ def kernel_families(fn) -> str:
     finally:
         gluon.forward, gluon.backward = real_f, real_b
     fam = {d: "gluon" if d in ran else "triton" for d in ("fwd", "bwd")}
+    if "bwd-fused" in ran:
+        fam["bwd"] = "gluon fused"
     return f"kernels: {fam['fwd']} fwd, {fam['bwd']} bwd ({gluon._setting()})"
 
 

@@ -142,16 +142,19 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
 
 @_on_tensor_device
 def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos=None,
-             k_pos=None, q_seg=None, k_seg=None, block_indices=None):
+             k_pos=None, q_seg=None, k_seg=None, block_indices=None, deterministic: bool = True):
     """(dq, dk, dv) of one call: per head group the stats pass (msa_bwd_pre), the dk/dv and the dq
     kernels (and the prefix-key tiles), with ``cfg``'s backward parameters; deterministic.
     A call that asks for the Gluon family (as ``forward``) runs its backward when eligible
-    (kernels/gluon.py: the same stats pass, then its dK/dV and dQ kernels); an ineligible one
-    logs why, once."""
+    (kernels/gluon.py: the same stats pass, then its dK/dV and dQ kernels, or with
+    ``deterministic=False`` its fused form: dQ added by TMA reductions in a varying order); an
+    ineligible one logs why, once."""
     if _gluon_route(plan, q_pos, q.shape[2], q.shape[3], backward=True):
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
-            return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices, q_pos)
+            fused = not deterministic and _gluon.fused_reason([g.kernel_plan for g in plan.groups],
+                                                              q.shape[1] // k.shape[1]) is None
+            return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices, q_pos, fused=fused)
         _gluon.note(plan, why, "backward")
     b, hq, n, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]

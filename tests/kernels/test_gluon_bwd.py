@@ -58,7 +58,11 @@ def test_render_is_deterministic_python_and_specialised_by_the_plan():
         assert src.startswith("# generated from msa_codegen/templates/gluon/bwd.py.jinja"), p
         assert "def msa_gluon_bwd_dkdv(" in src and "def msa_gluon_bwd_dq(" in src
         assert f"tma.{NAMES['tma_load']}(" in src and f"tma.{NAMES['tma_store']}(" in src
-        assert "atomic_" not in src   # dK/dV of a KV head: its query heads summed inside the program
+        # dK/dV of a KV head: its query heads summed inside the program, no atomics; the fused
+        # form's dQ alone is added up, by one TMA reduce-add (3.9's wrapper or 3.6's builder op)
+        assert "gl.atomic" not in src
+        add = "_tma_add" if NAMES["tma_add"] == "builder" else f"tma.{NAMES['tma_add']}"
+        assert src.count(f"{add}(dqa_desc, ") == 1
     assert "WINDOW = gl.constexpr(4096)" in sources["window=4096"]
     assert gluon.render(_plan("window=64"), "bwd") != gluon.render(_plan("window=64"))
 
@@ -314,7 +318,7 @@ class _Kernel:
         def launch(*args, **kw):
             for p1 in range(grid[1]):
                 for p0 in range(grid[0]):
-                    self.body(p0, p1, *args)
+                    self.body(p0, p1, *args, **{k: v for k, v in kw.items() if k == "FUSE"})
         return launch
 
 
@@ -325,17 +329,20 @@ def _model(pattern, documents=False):
     ns = _tiling(pattern, documents)
     bm, bnc = gluon.BWD_BLOCK_M, gluon.BLOCK_N // 2
 
-    def split(rest):
-        """(DOC as the helpers' extra arguments, the scalar arguments after it)."""
+    def split(rest, at_n):
+        """(DOC as the helpers' extra arguments, the scalar arguments after it); N is the
+        scalars' at_n-th."""
         if not documents:
             return (), rest
         doc = rest[0]
-        assert doc.dtype == torch.int32 and doc.is_contiguous() and doc.shape == (2, rest[4])
+        assert doc.dtype == torch.int32 and doc.is_contiguous() and doc.shape == (2, rest[1 + at_n])
         return (_Ptr(doc.cpu().numpy().reshape(-1)),), rest[1:]
 
-    def dkdv(p0, p1, qd, kd, vd, dod, dkd, dvd, DK, DV, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc,
-             do_b, do_h, do_hc, dk_b, dk_h, dk_hc, dk_sn, dv_b, dv_h, dv_hc, dv_sn, s_b, s_h, *rest):
-        doc, (HK0, HKS, GROUP, N, qk_scale, sm_scale) = split(rest)
+    def dkdv(p0, p1, qd, kd, vd, dod, dkd, dvd, dqad, DK, DV, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h,
+             v_hc, do_b, do_h, do_hc, dk_b, dk_h, dk_hc, dk_sn, dv_b, dv_h, dv_hc, dv_sn, s_b, s_h, *rest, FUSE):
+        doc, (HK0, HKS, HQ, GROUP, N, qk_scale, sm_scale) = split(rest, 4)
+        if FUSE:   # dQ added into fp32 (B, HQ, N, D) rows, the view [B * HQ * N, D] in [BM, D / 2] blocks
+            assert dqad.view.dtype == torch.float32 and dqad.block == [bm, dqad.view.shape[1] // 2]
         assert (dk_sn, dv_sn) == (dkd.view.stride(0), dvd.view.stride(0))
         k0, b, kh = p0 * 2 * bnc, p1 // HKS, HK0 + p1 % HKS
         qb_lo, qb_hi, full_lo, full_hi = (int(x) for x in ns["_dkdv_bounds"](k0, N, *doc, bm, 2 * bnc))
@@ -357,14 +364,18 @@ def _model(pattern, documents=False):
                         lo, hi = ns["_key_rows"](np.arange(j0, j0 + bnc), N, *doc)
                         pt = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, o_q)).to(pt.device), pt, 0.0)
                     dv += pt @ dot
-                    dk += (pt * (vt @ dot.T - delta[None, :])) @ qt
+                    dst = pt * (vt @ dot.T - delta[None, :])
+                    dk += dst @ qt
+                    if FUSE:
+                        row = (b * HQ + h) * N + qb * bm
+                        dqad.view[row:row + valid] += (dst.T @ kt)[:valid].float() * sm_scale
             rows = bnc if j0 + bnc <= N else max(N - j0, 0)
             dkd.store(b * dk_b + kh * dk_h + j0, kh * dk_hc, dk * sm_scale, rows)
             dvd.store(b * dv_b + kh * dv_h + j0, kh * dv_hc, dv, rows)
 
     def dq(p0, p1, qd, kd, vd, dod, dqd, DQ, LSE2, DELTA, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc, do_b, do_h,
            do_hc, dq_b, dq_h, dq_hc, dq_sn, s_b, s_h, *rest):
-        doc, (H0, HS, GROUP, N, qk_scale, sm_scale) = split(rest)
+        doc, (H0, HS, GROUP, N, qk_scale, sm_scale) = split(rest, 3)
         assert dq_sn == dqd.view.stride(0)
         bn = kd.block[0]
         q0, b, h = p0 * 2 * bm, p1 // HS, H0 + p1 % HS
@@ -395,8 +406,9 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
                ("window=1", 130, 2, 2, 2, "bnhd"), ("causal=false,window=500", 200, 1, 3, 1, "bhnd")]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
 @pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
-def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, b, hq, hkv, layout):
+def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, b, hq, hkv, layout, fused):
     """gluon.backward with its kernels replaced by a float64 model that reads and writes exactly
     what the launcher passes (TMA views and coordinates, stats rows, GQA heads, tails past N; with
     a gradient into the LSE in the (B, N, H, D) cases) and
@@ -406,6 +418,7 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
+    monkeypatch.setattr(gluon, "_fp32_descriptor", lambda x, block: _Desc(x, x.numel() // x.shape[-1], x.shape[-1], block))
     monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern))
     d = 64
     q, k, v, seed = make_inputs(b, hq, hkv, n, d, torch.float32, device, layout)
@@ -419,7 +432,7 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
     plan = plan_for(pattern, q.device, q.dtype, d, hq, hkv, n)
     with torch.no_grad():
         got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(),
-                             None if dlse is None else dlse.float(), plan, d ** -0.5)
+                             None if dlse is None else dlse.float(), plan, d ** -0.5, fused=fused)
     for name, g, r, x in zip(("dq", "dk", "dv"), got, ref, (q, k, v)):
         assert g.stride() == x.stride(), name
         err = rel_err(g, r)
@@ -430,9 +443,10 @@ MODEL_DOC_CASES = [("window=100", 300, 4, 2, "bhnd", 80), ("causal", 257, 2, 1, 
                    ("causal=false,window=70", 200, 3, 1, "bhnd", 60), ("causal=false", 200, 2, 2, "bnhd", 100)]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
 @pytest.mark.parametrize("pattern,n,hq,hkv,layout,max_len", MODEL_DOC_CASES, ids=[c[0] for c in MODEL_DOC_CASES])
 def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, hq, hkv, layout,
-                                                               max_len):
+                                                               max_len, fused):
     """As above for packed documents (cu_seqlens, lengths 1 to max_len, length-1 documents mixed
     in): the launcher builds the document bounds from the positions ``attention`` derives and
     passes them to both kernels; the model tiles by the rendered document helpers. The
@@ -443,6 +457,7 @@ def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, devi
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
+    monkeypatch.setattr(gluon, "_fp32_descriptor", lambda x, block: _Desc(x, x.numel() // x.shape[-1], x.shape[-1], block))
     monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern, documents=True))
     d = 64
     q, k, v, seed = make_inputs(1, hq, hkv, n, d, torch.float32, device, layout)
@@ -455,7 +470,7 @@ def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, devi
     dyn = normalize(plan.head_groups, 1, hq, hkv, n, n, q.device, cu_seqlens=cu)
     with torch.no_grad():
         got = gluon.backward(do.float(), q, k, v, out.detach().float(), lse.detach().float(), None, plan,
-                             d ** -0.5, q_pos=dyn.q_pos)
+                             d ** -0.5, q_pos=dyn.q_pos, fused=fused)
     for name, g, r, x in zip(("dq", "dk", "dv"), got, ref, (q, k, v)):
         assert g.stride() == x.stride(), name
         err = rel_err(g, r)
@@ -520,8 +535,9 @@ def _check_grads(got, ref, low, dtype, what):
 @pytest.mark.gpu
 @needs_hopper
 @needs_api
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
 @pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", GPU_CASES, ids=_ids(GPU_CASES))
-def test_gpu_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
+def test_gpu_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype, fused):
     q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
     scale = d ** -0.5
     plan = plan_for(pattern, q.device, dtype, d, hq, hkv, n)
@@ -529,7 +545,7 @@ def test_gpu_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
     do = torch.randn_like(q)
     with torch.no_grad():
         o, lse = gluon.forward(q, k, v, plan, scale)
-        dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, scale)
+        dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, scale, fused=fused)
     torch.cuda.synchronize()
     assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), k.stride(), v.stride())
     assert (dq.dtype, dk.dtype, dv.dtype) == (dtype,) * 3
@@ -541,26 +557,31 @@ def test_gpu_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
 @pytest.mark.gpu
 @needs_hopper
 @needs_api
-def test_gpu_attention_backward_runs_gluon_with_the_variable(monkeypatch):
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gpu_attention_backward_runs_gluon_with_the_variable(monkeypatch, deterministic):
     """msa_codegen.attention(...).backward() with MSA_CODEGEN_GLUON=1 on (B, N, H, D) inputs
-    (transposed views), B=2, GQA 4/1: the Gluon backward runs (spied) and gives the reference
-    gradients, for a random dO and for the stride-0 dO of a sum."""
+    (transposed views), B=2, GQA 4/1: the Gluon backward runs (spied; fused exactly when not
+    deterministic) and gives the reference gradients, for a random dO and for the stride-0 dO of
+    a sum."""
     monkeypatch.setenv(gluon.ENV, "1")
     calls = []
     real = gluon.backward
-    monkeypatch.setattr(gluon, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(gluon, "backward", lambda *a, fused=False, **kw: calls.append(int(fused) + 1) or real(
+        *a, fused=fused, **kw))
     pattern, dtype = "causal=false,window=200", BF
     q, k, v, seed = make_inputs(2, 4, 1, 1500, 128, dtype, "cuda", layout="bnhd")
-    out = msa.attention(q, k, v, pattern)
+    out = msa.attention(q, k, v, pattern, deterministic=deterministic)
     do = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
-    assert calls == [1], "the Gluon backward did not run"
+    # 2: the fused form, where the call need not be deterministic and the plan takes it
+    ran = 1 if deterministic or gluon.fused_reason([_plan(pattern)], 4) else 2
+    assert calls == [ran], "the Gluon backward did not run, or not in the asked-for form"
     assert [g.stride() for g in got] == [x.stride() for x in (q, k, v)]
     ref = chunked_reference(q, k, v, pattern, do)
     low = chunked_reference(q, k, v, pattern, do, compute_dtype=dtype)
     _check_grads(got, ref, low, dtype, f"random dO, seed {seed}")
     got = torch.autograd.grad(out.sum(), (q, k, v))
-    assert calls == [1, 1]
+    assert calls == [ran, ran]
     ones = torch.ones_like(out)
     ref = chunked_reference(q, k, v, pattern, ones)
     low = chunked_reference(q, k, v, pattern, ones, compute_dtype=dtype)
@@ -575,8 +596,9 @@ TOPK_CASES = [("topk=16", 4096 + 37, 128, 4, 1, BF), ("topk=3", 1000, 64, 16, 16
 @pytest.mark.gpu
 @needs_hopper
 @needs_api
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
 @pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", TOPK_CASES, ids=_ids(TOPK_CASES))
-def test_gpu_topk_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
+def test_gpu_topk_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype, fused):
     q, k, v, seed = make_inputs(1, hq, hkv, n, d, dtype, "cuda")
     idx = topk_inputs(pattern)(1, hq, hkv, n, n, random.Random(seed))["block_indices"]
     idx[0, 0, 1] = -1
@@ -587,7 +609,7 @@ def test_gpu_topk_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
     do = torch.randn_like(q)
     with torch.no_grad():
         o, lse = gluon.forward(q, k, v, plan, scale, idx)
-        dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, scale, idx)
+        dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, scale, idx, fused=fused)
     torch.cuda.synchronize()
     assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), k.stride(), v.stride())
     qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
@@ -598,3 +620,62 @@ def test_gpu_topk_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
     low_grads = torch.autograd.grad(low, (qr, kr, vr), do)
     _check_grads((dq, dk, dv), (None, None, *ref_grads), (None, None, *low_grads), dtype, f"seed {seed}")
     assert not dq[0, 0, 128:256].any()   # the query block that selected nothing
+
+
+# ---- the fused backward's switch: deterministic ------------------------------------------------
+
+@pytest.mark.parametrize("flag,torch_mode,fused", [(None, False, True), (None, True, False), (False, True, True),
+                                                   (True, False, False)])
+def test_deterministic_picks_the_fused_backward(monkeypatch, flag, torch_mode, fused):
+    """``attention(deterministic=flag)`` reaches the Gluon backward as ``fused=not deterministic``,
+    None meaning ``torch.are_deterministic_algorithms_enabled()`` at the call; on the eager
+    route and through the custom ops (what torch.compile traces). The Gluon backward is made
+    eligible and replaced by a spy; the forward runs the Triton kernels."""
+    from msa_codegen import autograd
+    from msa_codegen.kernels import launch
+
+    seen = []
+
+    def spy(do, q, k, v, *a, fused=False, **kw):
+        seen.append(fused)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
+    monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
+    monkeypatch.setattr(gluon, "fused_reason", lambda kplans=(), group=1: None)
+    monkeypatch.setattr(gluon, "backward", spy)
+    pattern = "window=16"
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(torch_mode)
+    try:
+        torch.autograd.grad(msa.attention(q, k, v, pattern, deterministic=flag).sum(), (q, k, v))
+        plan = plan_for(pattern, q.device, q.dtype, 16, 2, 1, 40)
+        det = torch_mode if flag is None else flag
+        out, _ = autograd.run_compiled(q, k, v, plan.pattern_text, 16 ** -0.5, plan.config_list, deterministic=det)
+        torch.autograd.grad(out.sum(), (q, k, v))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert seen == [fused, fused]
+
+
+def test_fused_reason_and_a_triton_without_a_tma_reduce(monkeypatch):
+    """``fused_reason``: GQA top-k keeps the two kernels (measured slower fused); on a Triton whose
+    Gluon has no TMA reduce-add it says so and ``deterministic=False`` runs the two-kernel backward
+    (``fused=False``)."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    assert gluon.fused_reason([_plan("topk=16")], 4).startswith("top-k with 4 query heads a KV head")
+    assert gluon.fused_reason([_plan("topk=16")], 1) is None and gluon.fused_reason([_plan("window=64")], 4) is None
+    monkeypatch.setattr(gluon, "api", lambda: ({**NAMES, "tma_add": None}, None))
+    assert "no TMA reduce-add" in gluon.fused_reason()
+    from msa_codegen.kernels import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
+    monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
+    monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
+        torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
+    torch.autograd.grad(msa.attention(q, k, v, "window=16", deterministic=False).sum(), (q, k, v))
+    assert seen == [False]
