@@ -44,6 +44,9 @@
 #              families, with each forward+backward's kernel time); ARGS e.g. --n 8192
 #   gluon-ab   benchmarks/gluon_ab.py: variants of the Gluon forward's template (files) against
 #              the tree's, one process; ARGS e.g. --variant old=/tmp/old.jinja --cases 0,1
+#   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
+#              backward through attention (deterministic mode off / on), one process; ARGS e.g.
+#              docs-w4096,topk16-gqa,gqa-w4096
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs) against the Triton forward on dense patterns, one process; ARGS e.g.
 #              --cases 0,3
@@ -159,6 +162,9 @@ case "$suite" in
     rc=${PIPESTATUS[0]} ;;
   gluon-ab)
     { header; limit python3 benchmarks/gluon_ab.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  fused-ab)
+    { header; limit python3 benchmarks/fused_ab.py "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon-orders)
     { header; limit python3 benchmarks/gluon_orders.py "$@"; } 2>&1 | tee "$log"
