@@ -6,12 +6,14 @@
 CASES: comma-separated names of ``msa_codegen.bench_dynamic`` cases (default
 docs-w4096,docs-causal,topk16,topk16-gqa), or ``gqa-w4096``: msa-bench's plain ``window=4096``
 row with GQA 32/8 at N=131072, run with ``MSA_CODEGEN_GLUON=1``. Each case's forward+backward
-(``attention(...)`` then ``.backward``) is timed with PyTorch's deterministic mode on and off:
-``attention``'s default ``deterministic=None`` follows it, so off runs the fused backward
-where ``gluon.fused_reason`` allows it and on the two-kernel one (``warn_only``: other
-operations are not refused). Interleaved rounds, ``triton.testing.do_bench`` medians; the
-best round per side and their ratio, one line a case. This is the script that measured
-BENCHMARKS.md's A/B figures of 2026-12-04, with its arguments made options.
+(``attention(...)`` then ``.backward``) is timed with ``attention(..., deterministic=False)``
+(the fused backward where ``gluon.fused_reason`` allows it) and ``deterministic=True`` (the
+two-kernel one), passed to every call of the case's closure. Not through PyTorch's
+deterministic mode: that mode also fills every ``torch.empty`` with NaNs and swaps other
+operations' algorithms, which cost the top-k GQA case 4% with the same kernels on both sides
+(H200, 2026-12-04 13:46 UTC). ``--force``: the fused form even where ``fused_reason`` refuses
+it (to measure those cases). Interleaved rounds, ``triton.testing.do_bench`` medians; the best
+round per side and their ratio, one line a case.
 """
 from __future__ import annotations
 
@@ -22,9 +24,18 @@ import warnings
 import torch
 import triton.testing
 
-from msa_codegen import attention
+import msa_codegen
 from msa_codegen import bench_dynamic as bd
 from msa_codegen.bench import _spin_up
+from msa_codegen.kernels import gluon
+
+_attention = msa_codegen.attention
+_det = {"value": True}
+
+
+def attention(*args, **kwargs):
+    """msa_codegen.attention with the side's ``deterministic`` (the cases' closures call this)."""
+    return _attention(*args, deterministic=_det["value"], **kwargs)
 
 
 def _plain_gqa():
@@ -41,7 +52,12 @@ def main(argv=None) -> int:
     ap.add_argument("cases", nargs="?", default="docs-w4096,docs-causal,topk16,topk16-gqa")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--rep", type=int, default=300, help="do_bench's budget in ms (default 300)")
+    ap.add_argument("--force", action="store_true", help="the fused form wherever this Triton has it")
     args = ap.parse_args(argv)
+    bd.attention = attention   # the closures of bench_dynamic.build
+    if args.force:
+        real = gluon.fused_reason
+        gluon.fused_reason = lambda kplans=(), group=1: real()
     warnings.filterwarnings("ignore")
     _spin_up(1.0)
     for name in args.cases.split(","):
@@ -64,14 +80,11 @@ def main(argv=None) -> int:
                 t.grad = None
 
         res = {True: [], False: []}
-        try:
-            for _ in range(args.rounds):
-                for det in (False, True):
-                    torch.use_deterministic_algorithms(det, warn_only=True)
-                    fwd_bwd()
-                    res[det].append(triton.testing.do_bench(fwd_bwd, warmup=30, rep=args.rep, return_mode="median"))
-        finally:
-            torch.use_deterministic_algorithms(False)
+        for _ in range(args.rounds):
+            for det in (False, True):
+                _det["value"] = det
+                fwd_bwd()
+                res[det].append(triton.testing.do_bench(fwd_bwd, warmup=30, rep=args.rep, return_mode="median"))
         fused, two = min(res[False]), min(res[True])
         print(f"{name}: fused {fused:.3f} ms, two kernels {two:.3f} ms, ratio {fused / two:.3f}; rounds "
               f"{[round(x, 3) for x in res[False]]} / {[round(x, 3) for x in res[True]]}", flush=True)
