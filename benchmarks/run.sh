@@ -44,6 +44,7 @@
 #              families, with each forward+backward's kernel time); ARGS e.g. --n 8192
 #   gluon-ab   benchmarks/gluon_ab.py: variants of the Gluon forward's template (files) against
 #              the tree's, one process; ARGS e.g. --variant old=/tmp/old.jinja --cases 0,1
+#              (--direction bwd: the backward's template, fused forms beside the two kernels)
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
 #              backward through attention (deterministic mode off / on), one process; ARGS e.g.
 #              docs-w4096,topk16-gqa,gqa-w4096
