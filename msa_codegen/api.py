@@ -132,8 +132,9 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         deterministic: whether the backward must give bit-identical gradients from run to run.
             None (default): when ``torch.are_deterministic_algorithms_enabled()``. False allows
             the Gluon family's fused backward (Hopper, the plans whose backward runs there),
-            which adds dQ up by TMA reductions in a varying order (0.87x the two-kernel
-            backward's time at ``window=4096``, N=131072, D=128; docs/performance.md); every
+            which adds dQ up by TMA reductions in a varying order into an fp32 copy (4 more
+            bytes of peak memory per element of q; 0.87x the two-kernel backward's time at
+            ``window=4096``, N=131072, D=128; docs/performance.md); every
             other backward is deterministic either way. An msa=T term's backward is not
             governed by it (its dQ is added by atomics).
         autotune: when no tuned row of this GPU and length bucket exists for the call's key, tune
