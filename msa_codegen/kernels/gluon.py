@@ -481,10 +481,12 @@ def load(kplan: KernelPlan, direction: str = "fwd"):
 
 @functools.lru_cache(maxsize=64)
 def _smem_layout(block: tuple[int, int], dtype: torch.dtype):
-    """The NVMMA shared layout of a TMA block (computing it took 4 us a descriptor, on every call)."""
+    """The NVMMA shared layout of a TMA block (computing it took 4 us a descriptor, on every call);
+    bf16 / fp16 operands, fp32 for the fused backward's copy of dQ."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
 
 
 @functools.lru_cache(maxsize=1)
@@ -502,15 +504,6 @@ def _descriptor_class():
             f.default_factory is not dataclasses.MISSING for f in fields):
         return TensorDescriptor, None
     return TensorDescriptor, {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-
-
-def _fp32_descriptor(x: torch.Tensor, block: list[int]):
-    """The TMA descriptor of a contiguous fp32 tensor (..., D) as its 2-D view [rows, D]."""
-    from triton.experimental.gluon import language as gl
-
-    tdesc, _ = _descriptor_class()
-    d = x.shape[-1]
-    return tdesc(x, [x.numel() // d, d], [d, 1], block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
 
 
 def _descriptor(x: torch.Tensor, rows: int, cols: int, block: list[int]):
@@ -719,7 +712,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
     # fused: dQ accumulates in fp32 inside the dK/dV kernel (TMA reductions), the dQ kernel is not run
     if fused:
         dqa = torch.zeros((b, hq, n, d), dtype=torch.float32, device=q.device)
-        dqad = _fp32_descriptor(dqa, [BWD_BLOCK_M, d // 2])
+        dqad = _descriptor(dqa, b * hq * n, d, [BWD_BLOCK_M, d // 2])   # its 2-D view [B * Hq * N, D]
     for grp in plan.groups:
         h0, h1 = grp.h0, grp.h1
         hs = h1 - h0
@@ -763,13 +756,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
 
 # ---- ahead-of-time compile (no GPU needed) --------------------------------------------------
 
-_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def _fp32_layout(block):
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float32)
+_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _aot_descriptor(dtype: torch.dtype, rows: int, head_dim: int) -> str:
@@ -817,8 +804,7 @@ def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head
         sig = dict(q_desc=desc(BWD_BLOCK_M), do_desc=desc(BWD_BLOCK_M), dq_desc=desc(BWD_BLOCK_M),
                    k_desc=desc(kv_rows[name]), v_desc=desc(kv_rows[name]), dk_desc=desc(BLOCK_N // 2),
                    dv_desc=desc(BLOCK_N // 2), DQ=f"*{short}", DK=f"*{short}", DV=f"*{short}",
-                   dqa_desc=(f"tensordesc<fp32[{BWD_BLOCK_M}, {head_dim // 2}],"
-                             f"{_fp32_layout((BWD_BLOCK_M, head_dim // 2))!r}>" if name == "fused"
+                   dqa_desc=(_aot_descriptor(torch.float32, BWD_BLOCK_M, head_dim // 2) if name == "fused"
                              else desc(BLOCK_N // 2)),
                    LSE2="*fp32", DELTA="*fp32", T="*i32", OFFS="*i32", INV="*i32", DOC="*i32", qk_scale="fp32",
                    sm_scale="fp32")

@@ -418,7 +418,6 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
-    monkeypatch.setattr(gluon, "_fp32_descriptor", lambda x, block: _Desc(x, x.numel() // x.shape[-1], x.shape[-1], block))
     monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern))
     d = 64
     q, k, v, seed = make_inputs(b, hq, hkv, n, d, torch.float32, device, layout)
@@ -457,7 +456,6 @@ def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, devi
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
-    monkeypatch.setattr(gluon, "_fp32_descriptor", lambda x, block: _Desc(x, x.numel() // x.shape[-1], x.shape[-1], block))
     monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern, documents=True))
     d = 64
     q, k, v, seed = make_inputs(1, hq, hkv, n, d, torch.float32, device, layout)
