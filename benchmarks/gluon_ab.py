@@ -139,22 +139,42 @@ def _run(variants: Variants, names: list[str], cases, rounds: int, rep: int) -> 
         for name in names:
             variants.use(name)
             outs[name] = gluon.forward(q, k, v, plan, scale)[0]
-        times = {name: [] for name in names}
-        for _ in range(rounds):   # interleaved: a drift of the clocks hits every variant
-            for name in names:
-                variants.use(name)
-                times[name].append(_time(lambda: gluon.forward(q, k, v, plan, scale), rep))
+        runs = [(name, name) for name in names]
+        times = _interleaved(variants, runs, lambda name: (lambda: gluon.forward(q, k, v, plan, scale)), rounds, rep)
         flops = 4.0 * d * h * b * attended_pairs(parse(pattern).groups[0].spec, n)
-        for name in names:
-            best, med = min(times[name]), statistics.median(times[name])
-            diff = (outs[name].float() - outs[names[0]].float()).abs().max().item()
-            rows.append((f"{pattern} B={b} H={h} N={n} D={d}", name, best, med, flops / best * 1e-9, diff))
-            print(rows[-1], flush=True)
-    print("\n| case | variant | best ms | median ms | TF/s (best) | max abs diff vs tree |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for case, name, best, med, tf, diff in rows:
-        print(f"| {case} | {name} | {best:.3f} | {med:.3f} | {tf:.0f} | {diff:.1e} |")
+        rows += _rows(f"{pattern} B={b} H={h} N={n} D={d}", times, outs, flops)
+    _table(rows, "variant", "TF/s (best)", "max abs diff vs tree")
     return 0
+
+
+def _interleaved(variants: Variants, runs, call, rounds: int, rep: int) -> dict:
+    """{label: the rounds' ms}: each (label, variant) of ``runs`` timed by ``call(label)``'s
+    closure with its variant in use, rounds interleaved (a drift of the clocks hits every run)."""
+    times = {label: [] for label, _ in runs}
+    for _ in range(rounds):
+        for label, name in runs:
+            variants.use(name)
+            times[label].append(_time(call(label), rep))
+    return times
+
+
+def _rows(case: str, times: dict, outs: dict, flops: float) -> list:
+    """One row a run: best and median ms, TFLOP/s at the best, max |difference| of its output
+    from the first run's; printed as they come."""
+    first = next(iter(outs.values())).float()
+    rows = []
+    for label, ms in times.items():
+        best, med = min(ms), statistics.median(ms)
+        rows.append((case, label, best, med, flops / best * 1e-9, (outs[label].float() - first).abs().max().item()))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _table(rows: list, run: str, tflops: str, diff: str) -> None:
+    print(f"\n| case | {run} | best ms | median ms | {tflops} | {diff} |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for case, label, best, med, tf, d in rows:
+        print(f"| {case} | {label} | {best:.3f} | {med:.3f} | {tf:.0f} | {d:.1e} |")
 
 
 def _run_bwd(variants: Variants, names: list[str], cases, rounds: int, rep: int) -> int:
@@ -174,32 +194,25 @@ def _run_bwd(variants: Variants, names: list[str], cases, rounds: int, rep: int)
             errs = ", ".join(f"{w} {relative_error(x, r):.3e}" for w, x, r in zip(("dq", "dk", "dv"), got, ref))
             print(f"check {pattern} N={n} {name} (fused): relative error against float64 {errs}", flush=True)
     rows = []
-    runs = [("tree, two kernels", "tree", False)] + [(name, name, True) for name in names]
+    fused = {"tree, two kernels": False, **{name: True for name in names}}
+    runs = [("tree, two kernels", "tree")] + [(name, name) for name in names]
     for pattern, b, h, n, d in cases:
         q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(4))
         plan = plan_for(pattern, q.device, q.dtype, d, h, h, n)
         scale = d ** -0.5
         o, lse = gluon.forward(q, k, v, plan, scale)
+
+        def call(label):
+            return lambda: gluon.backward(do, q, k, v, o, lse, None, plan, scale, fused=fused[label])
+
         dq = {}
-        for label, name, fused in runs:
+        for label, name in runs:
             variants.use(name)
-            dq[label] = gluon.backward(do, q, k, v, o, lse, None, plan, scale, fused=fused)[0]
-        times = {label: [] for label, _, _ in runs}
-        for _ in range(rounds):   # interleaved: a drift of the clocks hits every variant
-            for label, name, fused in runs:
-                variants.use(name)
-                times[label].append(_time(lambda: gluon.backward(do, q, k, v, o, lse, None, plan, scale, fused=fused),
-                                          rep))
+            dq[label] = call(label)()[0]
+        times = _interleaved(variants, runs, call, rounds, rep)
         flops = 2.5 * 4.0 * d * h * b * attended_pairs(parse(pattern).groups[0].spec, n)
-        for label, _, _ in runs:
-            best, med = min(times[label]), statistics.median(times[label])
-            diff = (dq[label].float() - dq[runs[0][0]].float()).abs().max().item()
-            rows.append((f"{pattern} B={b} H={h} N={n} D={d}", label, best, med, flops / best * 1e-9, diff))
-            print(rows[-1], flush=True)
-    print("\n| case | backward | best ms | median ms | TF/s (best, 2.5x the forward) | max abs dq diff vs two kernels |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for case, label, best, med, tf, diff in rows:
-        print(f"| {case} | {label} | {best:.3f} | {med:.3f} | {tf:.0f} | {diff:.1e} |")
+        rows += _rows(f"{pattern} B={b} H={h} N={n} D={d}", times, dq, flops)
+    _table(rows, "backward", "TF/s (best, 2.5x the forward)", "max abs dq diff vs two kernels")
     return 0
 
 
