@@ -1,17 +1,18 @@
-"""The Gluon forward's tile orders side by side on dense patterns (GPU; docs/performance.md, "The
-Gluon family": the dense forward).
+"""The Gluon forward's tile orders side by side (GPU; docs/performance.md, "The Gluon family": the
+dense forward, and the listed order).
 
     PYTHONPATH=$PWD python benchmarks/gluon_orders.py [--cases 0,3] [--rep 150] [--rounds 3]
     bash benchmarks/run.sh gluon-orders [ARGS]
 
-Per case (bf16; causal B=1 H=16 D=128 at N=4096-32768, B=4 N=8192, D=64 H=32 N=16384, and
-bidirectional N=16384): the Triton forward (``msa_codegen.attention`` with MSA_CODEGEN_GLUON=0)
-and ``kernels.gluon.forward`` in each order of the template's ``_tile`` (``gluon.HEAD_MAJOR``,
-``BY_COST``, ``PAIRS``; the last two for causal plans with an even number of query tiles a
-head only), each checked against the Triton forward's o and LSE first, then timed in
-interleaved rounds (``triton.testing.do_bench`` medians, the best round kept). Effective
-TFLOP/s count the visible pairs (4 * D * H * B * pairs). The order the launcher picks
-(``gluon.tile_order``) is marked. One table last.
+Per case (bf16; causal B=1 H=16 D=128 at N=4096-32768, B=4 N=8192, D=64 H=32 N=16384,
+bidirectional N=16384, and the windows `window=4096` N=131072 and `causal=false,window=512`
+N=65536): the Triton forward (``msa_codegen.attention`` with MSA_CODEGEN_GLUON=0) and
+``kernels.gluon.forward`` in each order of the template's ``_tile`` (``gluon.HEAD_MAJOR``,
+``BY_COST``, ``PAIRS``: the last two for causal dense plans, pairs with an even number of query
+tiles a head only; ``LISTED``, the host's list, for every case), each checked against the Triton
+forward's o and LSE first, then timed in interleaved rounds (``triton.testing.do_bench``
+medians, the best round kept). Effective TFLOP/s count the visible pairs (4 * D * H * B *
+pairs). The order the launcher picks (``gluon.tile_order``) is marked. One table last.
 """
 from __future__ import annotations
 
@@ -21,15 +22,16 @@ import os
 import torch
 
 import msa_codegen as msa
-from msa_codegen.bench import _rel, _spin_up, _time
+from msa_codegen.bench import _rel, _spin_up, _time, attended_pairs
 from msa_codegen.kernels import gluon
 from msa_codegen.plan import plan_for
 
 #: (pattern, B, H, N, D)
 CASES = [("causal", 1, 16, 16384, 128), ("causal", 1, 16, 4096, 128), ("causal", 1, 16, 8192, 128),
          ("causal", 1, 16, 32768, 128), ("causal", 4, 16, 8192, 128), ("causal", 1, 32, 16384, 64),
-         ("causal=false", 1, 16, 16384, 128)]
-NAMES = {gluon.HEAD_MAJOR: "head-major", gluon.BY_COST: "by cost", gluon.PAIRS: "pairs"}
+         ("causal=false", 1, 16, 16384, 128), ("window=4096", 1, 16, 131072, 128),
+         ("causal=false,window=512", 1, 16, 65536, 128)]
+NAMES = {gluon.HEAD_MAJOR: "head-major", gluon.BY_COST: "by cost", gluon.PAIRS: "pairs", gluon.LISTED: "listed"}
 
 
 def run_case(pattern: str, b: int, h: int, n: int, d: int, rep: int, rounds: int) -> dict:
@@ -43,6 +45,7 @@ def run_case(pattern: str, b: int, h: int, n: int, d: int, rep: int, rounds: int
     orders = [gluon.HEAD_MAJOR]
     if pattern == "causal":
         orders += [gluon.BY_COST] + ([gluon.PAIRS] if n_qb % 2 == 0 else [])
+    orders.append(gluon.LISTED)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     picked = gluon.tile_order(plan.groups[0].kernel_plan, n_qb, b * h, min(sms, b * h * n_qb))
     row = dict(case=f"{pattern} B={b} H={h} N={n} D={d}", picked=NAMES[picked], ms={}, check={})
@@ -67,7 +70,7 @@ def run_case(pattern: str, b: int, h: int, n: int, d: int, rep: int, rounds: int
         for _ in range(rounds):   # interleaved: a drift of the clocks hits every variant
             for name, fn in fns.items():
                 times[name].append(_time(fn, rep))
-    flops = 4.0 * d * h * b * (n * (n + 1) / 2 if pattern == "causal" else n * n)
+    flops = 4.0 * d * h * b * attended_pairs(plan.groups[0].spec, n)
     row["ms"] = {name: min(t) for name, t in times.items()}
     row["tflops"] = {name: flops / ms * 1e-9 for name, ms in row["ms"].items()}
     os.environ.pop(gluon.ENV, None)
@@ -89,13 +92,14 @@ def main(argv=None) -> int:
         row = run_case(*CASES[int(i)], rep=args.rep, rounds=args.rounds)
         print(row, flush=True)
         rows.append(row)
-    print("\n| case | launcher's order | Triton ms (TF/s) | head-major | by cost | pairs | rel o / max LSE diff vs Triton |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| case | launcher's order | Triton ms (TF/s) | head-major | by cost | pairs | listed | rel o / max LSE diff "
+          "vs Triton |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         cell = {name: f"{ms:.3f} ({r['tflops'][name]:.0f})" for name, ms in r["ms"].items()}
         checks = "; ".join(f"{name} {a:.1e} / {b:.1e}" for name, (a, b) in r["check"].items())
         print(f"| {r['case']} | {r['picked']} | {cell['triton']} | {cell.get('head-major', '-')} | "
-              f"{cell.get('by cost', '-')} | {cell.get('pairs', '-')} | {checks} |")
+              f"{cell.get('by cost', '-')} | {cell.get('pairs', '-')} | {cell.get('listed', '-')} | {checks} |")
     return 0
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 import logging
 import os
 import threading
@@ -568,7 +569,13 @@ def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
 
 
 #: the template's tile orders (``_tile``'s ORDER)
-HEAD_MAJOR, BY_COST, PAIRS = 0, 1, 2
+HEAD_MAJOR, BY_COST, PAIRS, LISTED = 0, 1, 2, 3
+#: the listed order's model (``tile_list``): a tile's prologue and epilogue cost about one key
+#: tile; its last TAIL_ROUNDS x G tiles are dealt costliest first; above LIST_MAX_TILES tiles the
+#: host's list (about 0.4 us a tile to build, once per shape) gives way to the closed orders
+TILE_OVERHEAD = 1.0
+TAIL_ROUNDS = 4
+LIST_MAX_TILES = 1 << 18
 #: without pairs (an odd number of query tiles a head), causal dense tiles are dealt by cost
 #: when the head-major order would leave its most loaded program this far above the mean: at a
 #: predicted 1.57-1.63 (B=1, H=16, N=4096-16384, D=128) by cost took 0.77-0.82x the head-major
@@ -588,6 +595,64 @@ def head_major_imbalance(n_qb: int, n_bh: int, programs: int) -> float:
     return float(loads.max() / loads.mean())
 
 
+def tile_costs(kplan: KernelPlan, n: int) -> list[int]:
+    """Key tiles each query tile of a plain plan walks (the template's ``_bounds``: sink tiles
+    before the band, then the band), by query tile row; plans without documents or top-k."""
+    bm, bn = 2 * BLOCK_MC, BLOCK_N
+    window = kplan.window if kplan.has_window else 1 << 30
+    sink_tiles = -(-min(kplan.sink, n) // bn)
+    costs = []
+    for q0 in range(0, n, bm):
+        kb_lo = max(q0 - window + 1, 0) // bn
+        kb_hi = -(-min(q0 + bm, n) // bn) if kplan.causal else -(-min(q0 + bm - 1 + window, n) // bn)
+        n_sink = min(sink_tiles, kb_hi) if kplan.causal else sink_tiles
+        if n_sink >= kb_lo:   # the sink touches the band: one range from key 0
+            kb_hi, kb_lo, n_sink = max(kb_hi, n_sink), 0, 0
+        costs.append(n_sink + kb_hi - kb_lo)
+    return costs
+
+
+@functools.lru_cache(maxsize=64)
+def tile_list(kplan: KernelPlan, n: int, n_bh: int, programs: int) -> torch.Tensor:
+    """The listed order (ORDER 3) of a plain plan's forward over n_bh (batch, head) pairs on
+    ``programs`` programs, int32 on the CPU: entries 0 .. programs are each program's run of
+    the list (program p takes list[t] for t in starts[p] .. starts[p + 1] - 1), then the list,
+    tile codes bh * n_qb + row, program by program.
+    Dealt as a dynamic scheduler would deal them under a cost model (``tile_costs`` plus
+    ``TILE_OVERHEAD``): tiles in head-major order (a head's tiles consecutive, last row first,
+    so that the programs running at once share a head's K/V in L2), each to the program that
+    becomes free first, the last ``TAIL_ROUNDS`` x programs of them costliest first. The model's
+    most loaded program over the mean: ``window=4096`` N=131072 H=16 1.003 (head-major 1.012),
+    causal N=16384 H=16 1.003 (pairs 1.031)."""
+    cost = tile_costs(kplan, n)
+    n_qb = len(cost)
+    order = [bh * n_qb + row for bh in range(n_bh) for row in range(n_qb - 1, -1, -1)]
+    tail = min(len(order), TAIL_ROUNDS * programs)
+    if tail:
+        order[-tail:] = sorted(order[-tail:], key=lambda code: -cost[code % n_qb])
+    free = [(0.0, p) for p in range(programs)]
+    runs = [[] for _ in range(programs)]
+    for code in order:
+        load, p = heapq.heappop(free)
+        runs[p].append(code)
+        heapq.heappush(free, (load + cost[code % n_qb] + TILE_OVERHEAD, p))
+    starts = [0]
+    for run in runs:
+        starts.append(starts[-1] + len(run))
+    return torch.tensor(starts + [code for run in runs for code in run], dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _tile_list_on(kplan: KernelPlan, n: int, n_bh: int, programs: int, device: torch.device) -> torch.Tensor:
+    return tile_list(kplan, n, n_bh, programs).to(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _no_list(device: torch.device) -> torch.Tensor:
+    """The TL argument of the closed orders (never read)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
 def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
     """The order the forward deals its n_bh x n_qb tiles to its programs (the template's
     ``_tile``): head-major, except for causal dense plans (no window, documents or top-k), whose
@@ -598,7 +663,13 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
     07:39 UTC, one process, forward ms, head-major / by cost / pairs (Triton's forward): B=1
     H=16 D=128 N=4096 0.170 / 0.130 / 0.121 (0.182), N=8192 0.613 / 0.493 / 0.465 (0.571),
     N=16384 2.460 / 1.933 / 1.839 (2.034), N=32768 7.948 / 7.744 / 7.154 (7.937); B=4 N=8192
-    2.035 / 2.101 / 1.895 (2.197); D=64 H=32 N=16384 2.540 / 2.597 / 2.461 (2.566)."""
+    2.035 / 2.101 / 1.895 (2.197); D=64 H=32 N=16384 2.540 / 2.597 / 2.461 (2.566).
+    Since then the host's list (``tile_list``) for plans without documents, top-k or sink, up to
+    ``LIST_MAX_TILES`` tiles: the closed orders above where it is longer. With a sink the
+    consumers spill at D=128 under the list (sm_90, Triton 3.6: the loop's end, one STL and one
+    LDL a tile), and keep the closed orders."""
+    if not (kplan.documents or kplan.topk or kplan.sink) and n_qb * n_bh <= LIST_MAX_TILES:
+        return LISTED
     if not (kplan.causal and _plain_dense(kplan)):
         return HEAD_MAJOR
     if n_qb % 2 == 0:
@@ -653,12 +724,14 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
                 raise ValueError(f"{plan.pattern_text!r}: a top-k plan needs block_indices")
             table = topk_rows(grp.spec, block_indices, n)
             targs = (table, table.stride(0), table.stride(1))
+        programs = min(sms, tiles)
+        order = tile_order(grp.kernel_plan, n_qb, b * hs, programs)
+        tl = _tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED else _no_list(q.device)
         direct.launch(
-            kern, (min(sms, tiles),), qd, kd, vd, od, o, lse,
+            kern, (programs,), qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
-            *targs, grp.h0, hs, hq, group, n, tiles, qk_scale,
-            STAGES=RING[d], FOLD=True, ORDER=tile_order(grp.kernel_plan, n_qb, b * hs, min(sms, tiles)),
-            num_warps=4, maxnreg=MAXNREG,
+            *targs, tl, grp.h0, hs, hq, group, n, tiles, qk_scale,
+            STAGES=RING[d], FOLD=True, ORDER=order, num_warps=4, maxnreg=MAXNREG,
         )
     return o, lse
 
@@ -780,7 +853,7 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
     # ORDER: the tile order of a call of N=16384, H=16 on 132 SMs
     consts = dict(STAGES=RING[head_dim], FOLD=True, ORDER=tile_order(kplan, 128, 16, 132))
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
-               O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", qk_scale="fp32")
+               O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", TL="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
     cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}
     return triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs), target=GPUTarget("cuda", arch, 32),

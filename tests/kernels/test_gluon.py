@@ -90,7 +90,7 @@ def _tiling(pattern: str, documents: bool = False) -> dict:
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     return rendered_helpers(gluon.render(_plan(pattern, documents)),
-                            ("_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
+                            ("_tiles_of", "_tile", "_bounds", "_table_row", "_key_tile", "_visible"),
                             ("WINDOW", "SINK", "SLOTS"))
 
 
@@ -98,8 +98,31 @@ def _schedule(tile, order, n_qb, hs, h0, group, b, programs):
     """{(program, i): (q0, b, h, kv head)}: every tile each program of the rendered schedule takes
     (its i-th at t = program + i * programs)."""
     n_tiles = b * hs * n_qb
-    return {(p, i): tuple(int(x) for x in tile(p + i * programs, programs, n_qb, n_tiles, hs, h0, group, 128, order))
+    return {(p, i): tuple(int(x) for x in tile(p + i * programs, None, programs, n_qb, n_tiles, hs, h0, group, 128,
+                                                 order))
             for p in range(programs) for i in range(len(range(p, n_tiles, programs)))}
+
+
+def _listed(ns, kplan, n, hs, h0, group, b, programs):
+    """{(program, i): (q0, b, h, kv head)} of the listed order (ORDER 3): each program's run of
+    ``gluon.tile_list`` through the rendered _tiles_of and _tile, and the run's key tiles."""
+    tl = gluon.tile_list(kplan, n, b * hs, programs).numpy()
+    n_qb = -(-n // 128)
+    got = {}
+    for p in range(programs):
+        gl_p = type("GlP", (ns["gl"],), {"program_id": staticmethod(lambda axis, p=p: _I(p)),
+                                         "num_programs": staticmethod(lambda axis: _I(programs))})
+        first, end, step = _with_gl(ns, gl_p, "_tiles_of")(_Ptr(tl), b * hs * n_qb, gluon.LISTED)
+        for i, t in enumerate(range(int(first), int(end), int(step))):
+            got[p, i] = tuple(int(x) for x in ns["_tile"](_I(t), _Ptr(tl), programs, n_qb, b * hs * n_qb, hs, h0, group,
+                                                          128, gluon.LISTED))
+    return got
+
+
+def _with_gl(ns, gl, name):
+    """ns[name] with ``gl`` in its globals (a copy of the function)."""
+    f = ns[name]
+    return type(f)(f.__code__, {**f.__globals__, "gl": gl}, f.__name__, f.__defaults__, f.__closure__)
 
 
 @pytest.mark.parametrize("order", [gluon.HEAD_MAJOR, gluon.BY_COST, gluon.PAIRS], ids=["head-major", "by-cost", "pairs"])
@@ -136,12 +159,14 @@ def test_the_rendered_tile_order_covers_every_tile_once(order):
                     assert first[1:] == second[1:] and first[0] + second[0] == 128 * (n_qb - 1) and first[0] > second[0]
 
 
-def test_the_tile_orders_balance_a_causal_dense_forward():
+def test_the_tile_orders_balance_a_causal_dense_forward(monkeypatch):
     """The schedules of the causal dense forward (``gluon.tile_order``): at N=16384, H=16 on 132
     programs the most loaded program's key tiles (a tile of row r walks r + 1) are within 2% of
     the mean by cost and 4% in pairs; head-major gave the first programs the longest row of every
     head (over 1.5x, as ``head_major_imbalance`` predicts). Pairs where n_qb is even; otherwise
-    by cost where head-major is unbalanced."""
+    by cost where head-major is unbalanced. (The closed orders: those of calls past
+    ``LIST_MAX_TILES``, whose tiles the host does not list.)"""
+    monkeypatch.setattr(gluon, "LIST_MAX_TILES", 0)
     causal = _plan("causal")
     assert gluon.tile_order(causal, 128, 16, 132) == gluon.PAIRS == gluon.tile_order(causal, 64, 64, 132)
     # without pairs (odd n_qb): by cost where head-major is unbalanced
@@ -163,6 +188,53 @@ def test_the_tile_orders_balance_a_causal_dense_forward():
         if bounds[0] > 1.1:
             assert ratios[0] > bounds[0]
         assert ratios[1] <= min(bounds[1], ratios[0]) and ratios[2] <= bounds[2], (n_qb, hs, ratios)
+
+
+def test_the_listed_order_covers_every_tile_once_and_balances_the_model():
+    """The listed order (``gluon.tile_list``, ORDER 3) read through the rendered _tiles_of and
+    _tile: every (q0, b, h) once, GQA's KV head h // group, each program's run in the list's
+    order. Under its cost model (``tile_costs`` key tiles + ``TILE_OVERHEAD`` a tile) the most
+    loaded program is within 1% of the mean at the benchmark shapes, where head-major left 1.2%
+    (``window=4096``, N=131072, H=16, 132 programs) and pairs 3.1% (causal, N=16384)."""
+    for pattern, n, hs, h0, group, b, programs in (("causal", 700, 3, 2, 2, 2, 4), ("window=300", 1000, 2, 0, 1, 3, 7),
+                                                   ("causal=false,window=200", 129, 5, 0, 5, 1, 132),
+                                                   ("causal", 1, 1, 0, 1, 1, 1)):
+        kplan = _plan(pattern)
+        ns = _tiling(pattern)
+        got = _listed(ns, kplan, n, hs, h0, group, b, programs)
+        n_qb = -(-n // 128)
+        assert sorted(got.values()) == sorted((q * 128, bi, h, h // group) for q in range(n_qb) for bi in range(b)
+                                              for h in range(h0, h0 + hs))
+    for pattern, n, hs, before in (("window=4096", 131072, 16, 1.012), ("causal", 16384, 16, 1.031)):
+        kplan = _plan(pattern)
+        cost = gluon.tile_costs(kplan, n)
+        tl = gluon.tile_list(kplan, n, hs, 132).tolist()
+        starts, codes = tl[:133], tl[133:]
+        load = [sum(cost[c % len(cost)] + gluon.TILE_OVERHEAD for c in codes[starts[p]:starts[p + 1]])
+                for p in range(132)]
+        assert max(load) / (sum(load) / 132) < 1.01 < before, (pattern, max(load) / (sum(load) / 132))
+    assert gluon.tile_order(_plan("window=4096"), 1024, 16, 132) == gluon.LISTED
+    assert gluon.tile_order(_plan("causal"), 128, 16, 132) == gluon.LISTED
+    assert gluon.tile_order(_plan("causal"), 4096, 128, 132) == gluon.PAIRS   # past LIST_MAX_TILES
+    for other in (_plan("window=4096,sink=64"), _plan("causal", True), _plan("topk=4")):
+        assert gluon.tile_order(other, 128, 16, 132) != gluon.LISTED
+
+
+@pytest.mark.parametrize("pattern,lengths", [("window=1", (1, 127, 128, 129, 300)), ("window=300", (129, 1000)),
+                                             ("causal", (1, 129, 700)), ("causal=false,window=200", (1, 129, 1000)),
+                                             ("window=64,sink=1", (129, 700)), ("window=128,sink=500", (1000,)),
+                                             ("causal=false,window=64,sink=600", (700,)), ("causal=false", (129,))])
+def test_the_host_tile_costs_are_the_rendered_bands(pattern, lengths):
+    """``gluon.tile_costs`` (the listed order's model) counts the key tiles the rendered _bounds
+    gives each query tile: sink tiles plus the band."""
+    ns = _tiling(pattern)
+    for n in lengths:
+        got = gluon.tile_costs(_plan(pattern), n)
+        want = []
+        for q0 in range(0, n, 128):
+            n_sink, kb_lo, kb_hi, _, _ = ns["_bounds"](_I(q0), _I(n), 128, 128)
+            want.append(int(n_sink) + int(kb_hi) - int(kb_lo))
+        assert got == want, (pattern, n)
 
 
 TILING = [("window=1", (1, 127, 128, 129, 300)), ("window=100", (1, 129, 700)), ("window=128", (256, 300)),
