@@ -623,7 +623,7 @@ def tile_list(kplan: KernelPlan, n: int, n_bh: int, programs: int) -> torch.Tens
     so that the programs running at once share a head's K/V in L2), each to the program that
     becomes free first, the last ``TAIL_ROUNDS`` x programs of them costliest first. The model's
     most loaded program over the mean: ``window=4096`` N=131072 H=16 1.003 (head-major 1.012),
-    causal N=16384 H=16 1.003 (pairs 1.031)."""
+    causal N=16384 H=16 1.003 (pairs 1.031); ``tile_order`` says where it is used."""
     cost = tile_costs(kplan, n)
     n_qb = len(cost)
     order = [bh * n_qb + row for bh in range(n_bh) for row in range(n_qb - 1, -1, -1)]
@@ -664,11 +664,18 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
     H=16 D=128 N=4096 0.170 / 0.130 / 0.121 (0.182), N=8192 0.613 / 0.493 / 0.465 (0.571),
     N=16384 2.460 / 1.933 / 1.839 (2.034), N=32768 7.948 / 7.744 / 7.154 (7.937); B=4 N=8192
     2.035 / 2.101 / 1.895 (2.197); D=64 H=32 N=16384 2.540 / 2.597 / 2.461 (2.566).
-    Since then the host's list (``tile_list``) for plans without documents, top-k or sink, up to
-    ``LIST_MAX_TILES`` tiles: the closed orders above where it is longer. With a sink the
-    consumers spill at D=128 under the list (sm_90, Triton 3.6: the loop's end, one STL and one
-    LDL a tile), and keep the closed orders."""
-    if not (kplan.documents or kplan.topk or kplan.sink) and n_qb * n_bh <= LIST_MAX_TILES:
+    Causal windows (no sink, documents or top-k) take the host's list (``tile_list``), up to
+    ``LIST_MAX_TILES`` tiles. H200, Triton 3.6, bf16, 2026-12-04 16:14-16:18 UTC, ``bash
+    benchmarks/run.sh gluon-orders``, best of 3 and of 7 interleaved rounds, forward ms,
+    head-major / listed: ``window=4096`` N=131072 H=16 7.452 / 7.353;
+    ``causal=false,window=512`` N=65536 1.114 / 1.128 and 1.118 / 1.126; causal dense N=16384
+    pairs 1.807 / 1.909 and 1.839 / 1.898, N=8192 pairs 0.475 / 0.456 and 0.480 / 0.462. Only
+    the first matched the list's cost model (1.012 -> 1.003 for the most loaded program against
+    the mean; pairs 1.031 -> 1.003 at N=16384 did not pay), so the others keep the closed
+    orders. With a sink the consumers spill at D=128 under the list (sm_90, Triton 3.6: the
+    loop's end, one STL and one LDL a tile)."""
+    if (kplan.causal and kplan.has_window and not (kplan.documents or kplan.topk or kplan.sink)
+            and n_qb * n_bh <= LIST_MAX_TILES):
         return LISTED
     if not (kplan.causal and _plain_dense(kplan)):
         return HEAD_MAJOR

@@ -195,7 +195,8 @@ def test_the_listed_order_covers_every_tile_once_and_balances_the_model():
     _tile: every (q0, b, h) once, GQA's KV head h // group, each program's run in the list's
     order. Under its cost model (``tile_costs`` key tiles + ``TILE_OVERHEAD`` a tile) the most
     loaded program is within 1% of the mean at the benchmark shapes, where head-major left 1.2%
-    (``window=4096``, N=131072, H=16, 132 programs) and pairs 3.1% (causal, N=16384)."""
+    (``window=4096``, N=131072, H=16, 132 programs) and pairs 3.1% (causal, N=16384; there the
+    model's gain did not show on the GPU, and ``tile_order`` keeps pairs)."""
     for pattern, n, hs, h0, group, b, programs in (("causal", 700, 3, 2, 2, 2, 4), ("window=300", 1000, 2, 0, 1, 3, 7),
                                                    ("causal=false,window=200", 129, 5, 0, 5, 1, 132),
                                                    ("causal", 1, 1, 0, 1, 1, 1)):
@@ -213,11 +214,13 @@ def test_the_listed_order_covers_every_tile_once_and_balances_the_model():
         load = [sum(cost[c % len(cost)] + gluon.TILE_OVERHEAD for c in codes[starts[p]:starts[p + 1]])
                 for p in range(132)]
         assert max(load) / (sum(load) / 132) < 1.01 < before, (pattern, max(load) / (sum(load) / 132))
+    # where it runs: causal windows without sink, documents or top-k, up to LIST_MAX_TILES tiles
     assert gluon.tile_order(_plan("window=4096"), 1024, 16, 132) == gluon.LISTED
-    assert gluon.tile_order(_plan("causal"), 128, 16, 132) == gluon.LISTED
-    assert gluon.tile_order(_plan("causal"), 4096, 128, 132) == gluon.PAIRS   # past LIST_MAX_TILES
-    for other in (_plan("window=4096,sink=64"), _plan("causal", True), _plan("topk=4")):
-        assert gluon.tile_order(other, 128, 16, 132) != gluon.LISTED
+    assert gluon.tile_order(_plan("window=4096"), 8192, 64, 132) == gluon.HEAD_MAJOR
+    assert gluon.tile_order(_plan("causal"), 128, 16, 132) == gluon.PAIRS
+    for other in ("window=4096,sink=64", "causal=false,window=512", "topk=4"):
+        assert gluon.tile_order(_plan(other), 128, 16, 132) == gluon.HEAD_MAJOR
+    assert gluon.tile_order(_plan("window=4096", True), 128, 16, 132) == gluon.HEAD_MAJOR
 
 
 @pytest.mark.parametrize("pattern,lengths", [("window=1", (1, 127, 128, 129, 300)), ("window=300", (129, 1000)),
