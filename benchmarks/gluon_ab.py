@@ -20,8 +20,8 @@ round). Effective TFLOP/s count the visible pairs. One table last. How the Q-rel
 (``kernels.gluon.backward(..., fused=True)``) is checked against the float64 reference's
 gradients (``window=256`` and ``causal=false,window=300``, N=1000), then timed on the cases the
 Gluon backward takes (no sink, no dense), beside the tree's two-kernel backward. The fused
-backward's variants of 2026-12-04 were measured by a script outside the tree with this logic;
-this option has not run on a GPU.
+backward's first variants (2026-12-04, morning) were measured by a script outside the tree with
+this logic; this option first ran on a GPU that afternoon (docs/performance.md: the dS barrier).
 """
 from __future__ import annotations
 

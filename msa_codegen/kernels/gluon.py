@@ -25,8 +25,8 @@ tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` t
 names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
 run-time positions or segments. Dense patterns without documents run here at D=128; at D=64
 they are routed to the Triton forward (``slower_reason``: one shape measured). Causal dense
-tiles are dealt out in pairs of rows (or by cost), so that programs stay balanced
-(``tile_order``).
+tiles are dealt out in pairs of rows (or by cost), causal windows' by the host's list
+(``tile_list``), so that programs stay balanced (``tile_order``).
 Launches go through ``direct.launch``.
 
 The backward (``templates/gluon/bwd.py.jinja``, from ``benchmarks/gluon_probe_bwd.py``): a
