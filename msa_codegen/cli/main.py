@@ -329,7 +329,7 @@ def cmd_which(args) -> int:
     if not pat.msa_groups:
         kplans = [lower(g.spec, **_documents(args)) for g in pat.groups]
         print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim))
-        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim))
+        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim, group))
     note = _defaults_note(res, name, cap, args.db)
     if note:
         print(note)

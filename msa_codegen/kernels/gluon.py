@@ -429,13 +429,17 @@ def _describe(family: str, groups, why: str | None, head_dim: int | None = None)
     return f"{family} kernels: triton ({_setting()}, but gluon is not eligible: {why})"
 
 
-def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
-    """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon."""
+def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, group: int = 1) -> str:
+    """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon; for
+    the Gluon backward, whether a call that need not be deterministic runs it as one fused
+    kernel (``fused_reason``, ``group`` query heads a KV head)."""
     why = next((bwd_pattern_reason(kp) for kp in groups if bwd_pattern_reason(kp)), None)
     why = why or capability_reason(capability, dtype, head_dim) or api()[1]
     line = _describe("backward", groups, why, head_dim)
-    if line.startswith("backward kernels: gluon") and fused_reason() is None:
-        line += "; one fused kernel unless the call is deterministic"
+    if line.startswith("backward kernels: gluon"):
+        not_fused = fused_reason(groups, group)
+        line += ("; one fused kernel unless the call is deterministic" if not_fused is None
+                 else f"; two kernels (dK/dV, dQ) even where the call need not be deterministic: {not_fused}")
     return line
 
 

@@ -107,6 +107,22 @@ def test_describe_bwd_names_the_family_and_why(monkeypatch):
     assert line.startswith(f"backward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: sink=4")
 
 
+@needs_api
+def test_describe_bwd_says_which_calls_fuse(monkeypatch):
+    """Under the Gluon backward, the line says whether a call that need not be deterministic runs
+    one fused kernel: not for top-k with GQA (``fused_reason``), nor where this Triton's Gluon
+    has no TMA reduce-add."""
+    monkeypatch.setenv(gluon.ENV, "1")
+    fused = "one fused kernel unless the call is deterministic"
+    for pattern, group in (("window=4096", 1), ("window=4096", 4), ("topk=16", 1), ("topk=16", 4)):
+        line = gluon.describe_bwd([_plan(pattern)], "9.0", torch.bfloat16, 128, group)
+        assert line.startswith("backward kernels: gluon"), line
+        why = gluon.fused_reason([_plan(pattern)], group)
+        assert (fused in line) == (why is None) and (why is None or why in line), (pattern, group, line)
+        if gluon.api()[0]["tma_add"] is not None:
+            assert (why is None) == (pattern != "topk=16" or group == 1), (pattern, group, why)
+
+
 def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
     """MSA_CODEGEN_GLUON=1 on a call the Gluon backward does not take (the interpreter on the
     CPU, or a sink on a GPU): the Triton backward runs, one log line says why."""
