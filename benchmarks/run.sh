@@ -46,11 +46,11 @@
 #              the tree's, one process; ARGS e.g. --variant old=/tmp/old.jinja --cases 0,1
 #              (--direction bwd: the backward's template, fused forms beside the two kernels)
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
-#              backward through attention (deterministic mode off / on), one process; ARGS e.g.
+#              backward through attention(deterministic=False / True), one process; ARGS e.g.
 #              docs-w4096,topk16-gqa,gqa-w4096
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
-#              cost, pairs) against the Triton forward on dense patterns, one process; ARGS e.g.
-#              --cases 0,3
+#              cost, pairs, listed) against the Triton forward, dense patterns and windows, one
+#              process; ARGS e.g. --cases 0,7
 #
 # Set-up shared by every suite: the repository on PYTHONPATH (no install needed), and the wheels
 # carried in .whl/ (the GPU image lacks optuna and sqlalchemy; see the device tool's wheels.sh)
