@@ -384,9 +384,10 @@ def fused_reason(kplans=(), group: int = 1) -> str | None:
     ``backward(fused=True)``): a Triton whose Gluon has no TMA reduce-add (it adds dQ by them),
     or a top-k plan with GQA, where the fused form measured 1.04x the two kernels' time
     (``topk=16``, 32/8 heads, N=131072; H200, Triton 3.6, 2026-12-04), with the two-kernel side
-    slowed by up to 4% by the measurement itself (BENCHMARKS.md). Measured faster there: 0.87-0.95x
-    the two kernels' backward on windows, 0.92x forward + backward on top-k without GQA and
-    packed documents (up to 4% too kind)."""
+    slowed by up to 4% by the measurement itself (BENCHMARKS.md; not re-timed without that
+    bias). Measured faster elsewhere: 0.87-0.95x the two kernels' backward on windows; forward +
+    backward 0.927x on packed documents (``window=4096``) and 0.961x on ``topk=16`` without GQA
+    (``benchmarks/fused_ab.py``, 2026-12-04 16:46 UTC)."""
     names, why = api()
     if names is None:
         return why
