@@ -578,7 +578,7 @@ HEAD_MAJOR, BY_COST, PAIRS, LISTED = 0, 1, 2, 3
 #: the listed order's model (``tile_list``): a tile's prologue and epilogue cost about one key
 #: tile; its last TAIL_ROUNDS x G tiles are dealt costliest first. Above LIST_MAX_TILES tiles the
 #: closed orders run: building the list takes about 0.7 us a tile on our CPU (once per shape:
-#: 46 ms at the limit), and there head-major leaves its most loaded program within 0.4% of the
+#: 43 ms at the limit), and there head-major leaves its most loaded program within 0.4% of the
 #: mean in the model (``window=4096``: 1.012 at 16384 tiles, 1.003-1.004 at 65536)
 TILE_OVERHEAD = 1.0
 TAIL_ROUNDS = 4
