@@ -619,10 +619,9 @@ def tile_costs(kplan: KernelPlan, n: int) -> list[int]:
     return costs
 
 
-@functools.lru_cache(maxsize=64)
 def tile_list(kplan: KernelPlan, n: int, n_bh: int, programs: int) -> torch.Tensor:
     """The listed order (ORDER 3) of a plain plan's forward over n_bh (batch, head) pairs on
-    ``programs`` programs, int32 on the CPU: entries 0 .. programs are each program's run of
+    ``programs`` programs, a new int32 tensor on the CPU: entries 0 .. programs are each program's run of
     the list (program p takes list[t] for t in starts[p] .. starts[p + 1] - 1), then the list,
     tile codes bh * n_qb + row, program by program.
     Dealt as a dynamic scheduler would deal them under a cost model (``tile_costs`` plus
@@ -651,13 +650,8 @@ def tile_list(kplan: KernelPlan, n: int, n_bh: int, programs: int) -> torch.Tens
 
 @functools.lru_cache(maxsize=64)
 def _tile_list_on(kplan: KernelPlan, n: int, n_bh: int, programs: int, device: torch.device) -> torch.Tensor:
+    """``tile_list`` on the device, built once per shape."""
     return tile_list(kplan, n, n_bh, programs).to(device)
-
-
-@functools.lru_cache(maxsize=16)
-def _no_list(device: torch.device) -> torch.Tensor:
-    """The TL argument of the closed orders (never read)."""
-    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
@@ -740,7 +734,8 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             targs = (table, table.stride(0), table.stride(1))
         programs = min(sms, tiles)
         order = tile_order(grp.kernel_plan, n_qb, b * hs, programs)
-        tl = _tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED else _no_list(q.device)
+        tl = (_tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED
+              else direct.unused_pointer(q.device))
         direct.launch(
             kern, (programs,), qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),

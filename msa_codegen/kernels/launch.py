@@ -22,14 +22,6 @@ from .tma import descriptor_fault, positional_descriptors, use_tma
 LOG2E = 1.4426950408889634
 
 
-@functools.lru_cache(maxsize=16)
-def _dummy(device) -> torch.Tensor:
-    # the table argument of a plan without random / top-k blocks (never read): one per device,
-    # not a fill kernel per call (keyed by the device object: str() of it on every launch was
-    # measurable host time)
-    return torch.zeros(2, dtype=torch.int32, device=device)
-
-
 def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=None, inverse: bool = True):
     """(table, inverse offsets, inverse query blocks, table strides, offset strides).
 
@@ -42,7 +34,7 @@ def _tables(spec: Spec, n: int, device, nk: int | None = None, block_indices=Non
         return table, offs, inv, (table.stride(0), table.stride(1)), (table.shape[1] * nkb, nkb)
     if spec.random:
         return (*random_tables(spec, n, device), (), ())
-    d = _dummy(device)
+    d = direct.unused_pointer(device)
     return d, d, d, (), ()
 
 
@@ -235,7 +227,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
                 ds_args = (buf, buf.stride(0), buf.stride(1), slots)
             else:
                 step = hs
-                ds_args = (_dummy(q.device), 0, 0, 0)
+                ds_args = (direct.unused_pointer(q.device), 0, 0, 0)
             # dq's tiles: the dk/dv kernel's when it reads their dS, else its own
             bm, bn = (c.block_m1, c.block_n1) if ds else (c.block_m2, c.block_n2)
             warps, stages = (schedule.DS_DQ_WARPS, schedule.DS_DQ_STAGES) if ds else (c.num_warps2, c.num_stages2)
@@ -266,7 +258,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
             direct.launch(mod.msa_bwd_dkdv, (cdiv(p, c.block_n1) * n_chunks, b * hks),
                 *common, part_k, part_v, rtab, roff, rinv, *rstr,
                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *part_k.stride(), *part_v.stride(),
-                delta.stride(0), delta.stride(1), _dummy(q.device), 0, 0, 0,
+                delta.stride(0), delta.stride(1), direct.unused_pointer(q.device), 0, 0, 0,
                 h0, hs, group, hks, hk0, n, chunk, scale * LOG2E, scale,
                 PREFIX_TILES=True, DS=False, **tma, **consts)
             # fixed summation order over the chunks: deterministic

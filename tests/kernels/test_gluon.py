@@ -105,24 +105,21 @@ def _schedule(tile, order, n_qb, hs, h0, group, b, programs):
 
 def _listed(ns, kplan, n, hs, h0, group, b, programs):
     """{(program, i): (q0, b, h, kv head)} of the listed order (ORDER 3): each program's run of
-    ``gluon.tile_list`` through the rendered _tiles_of and _tile, and the run's key tiles."""
+    ``gluon.tile_list`` through the rendered _tiles_of and _tile (ns is their globals: its ``gl``
+    answers program_id with the program)."""
     tl = gluon.tile_list(kplan, n, b * hs, programs).numpy()
     n_qb = -(-n // 128)
+    base = ns["gl"]
     got = {}
     for p in range(programs):
-        gl_p = type("GlP", (ns["gl"],), {"program_id": staticmethod(lambda axis, p=p: _I(p)),
+        ns["gl"] = type("GlP", (base,), {"program_id": staticmethod(lambda axis, p=p: _I(p)),
                                          "num_programs": staticmethod(lambda axis: _I(programs))})
-        first, end, step = _with_gl(ns, gl_p, "_tiles_of")(_Ptr(tl), b * hs * n_qb, gluon.LISTED)
+        first, end, step = ns["_tiles_of"](_Ptr(tl), b * hs * n_qb, gluon.LISTED)
         for i, t in enumerate(range(int(first), int(end), int(step))):
             got[p, i] = tuple(int(x) for x in ns["_tile"](_I(t), _Ptr(tl), programs, n_qb, b * hs * n_qb, hs, h0, group,
                                                           128, gluon.LISTED))
+    ns["gl"] = base
     return got
-
-
-def _with_gl(ns, gl, name):
-    """ns[name] with ``gl`` in its globals (a copy of the function)."""
-    f = ns[name]
-    return type(f)(f.__code__, {**f.__globals__, "gl": gl}, f.__name__, f.__defaults__, f.__closure__)
 
 
 @pytest.mark.parametrize("order", [gluon.HEAD_MAJOR, gluon.BY_COST, gluon.PAIRS], ids=["head-major", "by-cost", "pairs"])
