@@ -66,6 +66,21 @@ class AttentionPlan:
     has_topk: bool
     has_random: bool
     split_kv_heads: bool              # a KV head's query heads fall in two head groups
+    _gluon: dict = dataclasses.field(default_factory=dict, repr=False)   # gluon_resolution's answer
+
+    def gluon_resolution(self):
+        """The Gluon family's knobs for this key (``tuning.lookup.gluon_lookup``: a row keyed by the
+        hash of these head groups' Gluon kernels, else {}), looked up on the first Gluon launch."""
+        res = self._gluon.get("res")
+        if res is None:
+            from .kernels import gluon
+
+            pattern, device, dtype, head_dim, hq, hkv, bucket = self.key[:7]
+            kplans = tuple(g.kernel_plan for g in self.groups)
+            hashes = (gluon.kernel_hash(kplans, "fwd"), gluon.kernel_hash(kplans, "bwd"))
+            res = self._gluon["res"] = tuning_lookup.gluon_lookup(device, self.pattern_text, head_dim, dtype,
+                                                                  hq // hkv, max(bucket, 1), hashes)
+        return res
 
     @property
     def source(self) -> str:

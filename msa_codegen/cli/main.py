@@ -30,7 +30,7 @@ from ..pattern.spec import msa_split, parse
 from ..tuning import gpu as _gpu
 from ..tuning.database import open_db
 from ..tuning.keys import DTYPES, dtype_name, is_current, torch_dtype, triton_version
-from ..tuning.lookup import lookup, lookup_for_gpu, shipped_db_path, user_db_path
+from ..tuning.lookup import gluon_lookup_for_gpu, lookup, lookup_for_gpu, shipped_db_path, user_db_path
 from .tune import error_line, relaunch_in_interpreter
 
 
@@ -330,6 +330,10 @@ def cmd_which(args) -> int:
         kplans = [lower(g.spec, **_documents(args)) for g in pat.groups]
         print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim))
         print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim, group))
+        hashes = (_gluon_family.kernel_hash(tuple(kplans), "fwd"), _gluon_family.kernel_hash(tuple(kplans), "bwd"))
+        if cap.startswith("9.") and hashes != (None, None):
+            print(gluon_lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen,
+                                       hashes, db=args.db))
     note = _defaults_note(res, name, cap, args.db)
     if note:
         print(note)

@@ -2,6 +2,7 @@
 
     msa-tune --pattern window=4096,dilation=2
     msa-tune --pattern window=4096,dilation=2 --budget-minutes 5 --jobs 16
+    msa-tune --pattern window=4096 --family gluon --seqlen 131072    # the Hopper kernels' knobs
     msa-tune --pattern msa=2048 --seqlen 131072 --heads 32 --kv-heads 8 --proxy-heads 8 --head-dim 128
     msa-tune --gpu auto --pattern "window=4096,sink=64" --seqlen 131072 --heads 32 --kv-heads 8 \\
              --head-dim 128 --dtype bf16 --direction both --trials 60 --db ~/tuning.db
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
                     help="candidates compiled in parallel worker processes (default: the CPU cores, at most "
                          "16; 1: compile in this process)")
+    ap.add_argument("--family", choices=("triton", "gluon"), default="triton",
+                    help="triton: the launch parameters of the kernels every GPU runs; gluon: the knobs of the "
+                         "Hopper kernels (tile order, ring depth; `msa-codegen render --family gluon`), every "
+                         "candidate measured (default: %(default)s)")
     ap.add_argument("--budget-minutes", type=_positive_float, default=None, metavar="M",
                     help="bound the whole run: after M minutes no trial starts, the best of what finished is "
                          "stored and what was not done is listed (default: no bound)")
@@ -215,6 +220,13 @@ def run(args) -> int:
     directions = ("fwd", "bwd") if args.direction == "both" else (args.direction,)
     db_path = user_db_path(args.db)
     open_db(db_path).close()                       # a foreign / newer / damaged file: refused now
+    if args.family == "gluon":
+        if pat.msa_groups:
+            raise UsageError("--family gluon: msa patterns run MSA's own kernels (tune them without --family)")
+        if not cuda:
+            raise UsageError("--family gluon: the Gluon kernels run on a CUDA GPU of capability 9.x; this machine "
+                             "has none (Triton's interpreter does not run them)")
+        return _run_gluon(args, pattern, heads, kv_heads, seqlens, dtype, dtype_flag, directions, db_path)
     if pat.msa_groups:
         return _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype, dtype_flag, directions,
                         db_path)
@@ -320,6 +332,52 @@ def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype
             results.append(res)
     return _report(results, cuda, db_path, f"--pattern {pattern!r} --seqlen N --heads {heads} --proxy-heads {hp} ...",
                    missing)
+
+
+def _run_gluon(args, pattern, heads, kv_heads, seqlens, dtype, dtype_flag, directions, db_path) -> int:
+    """msa-tune --family gluon: every candidate of the Gluon knobs per bucket and direction
+    (``tuning.gluon_search``)."""
+    from ..tuning.gluon_search import heuristic, space, tune_gluon, unavailable
+    from ..tuning.keys import bucket
+    from ..tuning.measure import representative_problem
+
+    deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes is not None else None
+    print(f"tuning {pattern!r} (the Gluon kernels' knobs) on this GPU, {dtype_flag}, head dim {args.head_dim}, "
+          f"heads {heads}/{kv_heads}, {', '.join(directions)}; database {db_path}", flush=True)
+    results, missing, not_done, seen = [], [], [], set()
+    for n in seqlens:
+        b = bucket(n)
+        if b in seen:
+            continue
+        seen.add(b)
+        problem = representative_problem(pattern, heads, kv_heads, n, args.head_dim, dtype, True)
+        for direction in directions:
+            why = unavailable(problem, direction)
+            if why:
+                raise UsageError(f"--family gluon: the Gluon {direction} does not run {pattern!r} at head dim "
+                                 f"{args.head_dim}, {dtype_flag}: {why}")
+            cands = space(direction, args.head_dim)
+            if len(cands) == 1:
+                print(f"bucket {b} {direction}: one candidate at head dim {args.head_dim} "
+                      f"({' '.join(f'{k}={v}' for k, v in heuristic(direction, problem).items())}): nothing to tune",
+                      flush=True)
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                not_done.append(f"bucket {b} {direction}")
+                continue
+            print(f"[bucket {b}, {direction}] timing {problem.describe()}, {len(cands)} candidates", flush=True)
+            t0 = time.monotonic()
+            res = tune_gluon(problem, direction, db_path, deadline=deadline,
+                             log=lambda line: print(line, flush=True))
+            if res is None:
+                missing.append(f"bucket {b} {direction}")
+                continue
+            print(f"bucket {b} {direction}: {res.trials} measured, {res.pruned} not measured or failed, best "
+                  f"{res.median_ms:.4g} ms, {time.monotonic() - t0:.0f} s", flush=True)
+            results.append(res)
+    budget = (f"budget of {args.budget_minutes:g} min spent; not done: {'; '.join(not_done)}" if not_done else None)
+    return _report(results, True, db_path, f"--pattern {pattern!r} --seqlen N --head-dim {args.head_dim} ...",
+                   missing, budget)
 
 
 def _report(results, cuda: bool, db_path, which_args: str, missing: list[str], budget: str | None = None) -> int:

@@ -42,10 +42,14 @@ split between head groups.
 Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
 on any Triton and without a GPU. ``api()`` feature-detects the names the template needs (they
 moved between Triton 3.6 and 3.9). The rendered source is not part of ``render.kernel_hash``:
-tuning rows key the Triton kernels only, and this family has no tuned knobs yet.
+the family's own tuning rows (``msa-tune --family gluon``, ``tuning/gluon_search.py``) are keyed by
+``kernel_hash`` here, and set its knobs (``FIELDS``: the forward's tile order, the rings'
+depths); the launchers read them through the call's plan (``config``), or an override
+(``use_gluon_config``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import heapq
@@ -685,6 +689,118 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
     return BY_COST if head_major_imbalance(n_qb, n_bh, programs) > LPT_IMBALANCE else HEAD_MAJOR
 
 
+# ---- the tuned knobs (tuning/gluon_search.py) ----------------------------------------------
+
+#: the knobs a tuning row of this family sets, per direction (``keys.gluon_config_from_row``
+#: checks a row's values): ``order``, the forward's tile order (``_tile``'s ORDER); ``stages``,
+#: the depth of the forward's K/V ring, or of both backward kernels' streamed rings. A field a
+#: row does not set (no row: none) takes the heuristic's value: ``tile_order``, ``RING``,
+#: ``BWD_RING``.
+FIELDS = {"fwd": ("order", "stages"), "bwd": ("stages",)}
+ORDERS = (HEAD_MAJOR, BY_COST, PAIRS, LISTED)
+ORDER_NAMES = {HEAD_MAJOR: "head-major", BY_COST: "by cost", PAIRS: "pairs", LISTED: "listed"}
+#: ring depths whose kernels fit sm_90's 232,448 B of shared memory a block, by direction and head
+#: dim (``aot_compile`` / ``aot_compile_bwd`` for sm_90 on Triton 3.6, bf16, 2026-12-04): forward
+#: D=64 98,680 / 131,496 / 164,264 / 197,080 B at 2-5 slots, D=128 196,984 at 2 and 262,568 at
+#: 3; backward, the largest of its kernels (fused dK/dV, dQ), D=64 116,240 / 149,568 / 182,848 /
+#: 216,176 at 2-5, D=128 198,160 at 2 and 262,616 at 3
+STAGE_CHOICES = {"fwd": {64: (2, 3, 4, 5), 128: (2,)}, "bwd": {64: (2, 3, 4, 5), 128: (2,)}}
+
+#: ``use_gluon_config``'s override, by direction (tuning and tests)
+_override: dict = {}
+
+
+@contextlib.contextmanager
+def use_gluon_config(fwd: dict | None = None, bwd: dict | None = None):
+    """Run the Gluon kernels with these knobs inside the block (the tuner's candidates, tests):
+    ``{"order": 2, "stages": 2}`` for the forward, ``{"stages": 2}`` for the backward; a
+    direction given replaces its tuning row entirely (fields left out take the heuristic's
+    value), one left None keeps the row."""
+    for direction, cfg in (("fwd", fwd), ("bwd", bwd)):
+        if cfg is not None:
+            check_config(direction, cfg)
+    before = dict(_override)
+    _override.update({d: dict(c) for d, c in (("fwd", fwd), ("bwd", bwd)) if c is not None})
+    try:
+        yield
+    finally:
+        _override.clear()
+        _override.update(before)
+
+
+def check_config(direction: str, cfg: dict, head_dim: int | None = None) -> dict:
+    """``cfg`` when its fields are knobs of ``direction`` with values of their choices (for
+    ``head_dim`` when given), else ValueError / TypeError."""
+    if not isinstance(cfg, dict):
+        raise TypeError(f"a Gluon {direction} config must be a dict, got {type(cfg).__name__}")
+    unknown = set(cfg) - set(FIELDS[direction])
+    if unknown:
+        raise ValueError(f"unknown Gluon {direction} knobs {sorted(unknown)} (the knobs: {list(FIELDS[direction])})")
+    for name, value in cfg.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"Gluon knob {name} must be an integer, got {value!r}")
+    if "order" in cfg and cfg["order"] not in ORDERS:
+        raise ValueError(f"Gluon knob order must be one of {ORDERS} ({', '.join(ORDER_NAMES.values())}), "
+                         f"got {cfg['order']}")
+    if "stages" in cfg:
+        allowed = (STAGE_CHOICES[direction].get(head_dim, ()) if head_dim is not None
+                   else sorted({s for by_d in STAGE_CHOICES[direction].values() for s in by_d}))
+        if cfg["stages"] not in allowed:
+            raise ValueError(f"Gluon knob stages must be one of {tuple(allowed)}"
+                             + (f" at head dim {head_dim}" if head_dim is not None else "") + f", got {cfg['stages']}")
+    return cfg
+
+
+def config(plan, direction: str) -> tuple[dict, str]:
+    """(knobs, where they came from) of a call's Gluon kernels in one direction: the override
+    (``use_gluon_config``), else the plan's tuning row (``plan.gluon_resolution``), else {} (the
+    heuristic's values)."""
+    cfg = _override.get(direction)
+    if cfg is not None:
+        return cfg, "use_gluon_config override"
+    choice = getattr(plan.gluon_resolution(), direction)
+    return choice.config, choice.source
+
+
+def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> tuple[int, str | None]:
+    """(order, why the config's is not it) of one launch: the config's ``order`` where this shape
+    can run it, else ``tile_order``'s. Pairs need an even number of query tiles a head; the list
+    is built for plans without documents or top-k, up to ``LIST_MAX_TILES`` tiles. A row is
+    tuned for one shape of its length bucket; other lengths of the bucket can lack what it
+    needs."""
+    want = cfg.get("order")
+    if want is None:
+        return tile_order(kplan, n_qb, n_bh, programs), None
+    why = None
+    if want == PAIRS and n_qb % 2:
+        why = f"pairs need an even number of query tiles a head ({n_qb})"
+    elif want == LISTED and (kplan.documents or kplan.topk):
+        why = "the list is built for plans without documents or top-k"
+    elif want == LISTED and n_qb * n_bh > LIST_MAX_TILES:
+        why = f"{n_qb * n_bh} tiles, above LIST_MAX_TILES ({LIST_MAX_TILES})"
+    if why:
+        return tile_order(kplan, n_qb, n_bh, programs), why
+    return want, None
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_hash(kplans: tuple[KernelPlan, ...], direction: str) -> str | None:
+    """The key of this family's tuning rows for a call of these head groups' plans: ``"gluon-"``
+    and a hash of their rendered Gluon kernels of one direction, comments and blank lines left
+    out (as ``render.kernel_hash``), so that a row never runs on other kernels and never mixes
+    with the Triton family's rows. None when a head group cannot run this direction in Gluon or
+    this Triton's Gluon lacks what the templates need."""
+    h = hashlib.sha256(f"msa-codegen gluon {direction} v1".encode())
+    for kplan in kplans:
+        try:
+            body = render(kplan, direction)
+        except ValueError:
+            return None
+        h.update(_render.code_only(body).encode())
+        h.update(b"\0")
+    return "gluon-" + h.hexdigest()[:16]
+
+
 def _doc_args(plan, q_pos, n) -> tuple:
     """The kernels' DOC argument of a plan of packed documents (``doc_bounds``), else ()."""
     if not any(g.kernel_plan.documents for g in plan.groups):
@@ -722,6 +838,8 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
     n_qb = -(-n // (2 * BLOCK_MC))
     sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
     doc = _doc_args(plan, q_pos, n)
+    cfg, _ = config(plan, "fwd")
+    stages = cfg.get("stages", RING[d])
     for grp in plan.groups:
         kern = load(grp.kernel_plan).msa_gluon_fwd
         hs = grp.h1 - grp.h0
@@ -733,14 +851,14 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             table = topk_rows(grp.spec, block_indices, n)
             targs = (table, table.stride(0), table.stride(1))
         programs = min(sms, tiles)
-        order = tile_order(grp.kernel_plan, n_qb, b * hs, programs)
+        order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs)
         tl = (_tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED
               else direct.unused_pointer(q.device))
         direct.launch(
             kern, (programs,), qd, kd, vd, od, o, lse,
             qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
             *targs, tl, grp.h0, hs, hq, group, n, tiles, qk_scale,
-            STAGES=RING[d], FOLD=True, ORDER=order, num_warps=4, maxnreg=MAXNREG,
+            STAGES=stages, FOLD=True, ORDER=order, num_warps=4, maxnreg=MAXNREG,
         )
     return o, lse
 
@@ -791,6 +909,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
     qk_scale = scale * 1.4426950408889634
     n_tiles = -(-n // BLOCK_N)
     doc = _doc_args(plan, q_pos, n)
+    stages = config(plan, "bwd")[0].get("stages", BWD_RING[d])
     # fused: dQ accumulates in fp32 inside the dK/dV kernel (TMA reductions), the dQ kernel is not run
     if fused:
         dqa = torch.zeros((b, hq, n, d), dtype=torch.float32, device=q.device)
@@ -821,7 +940,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
             lse2, delta,
             *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dk.stride(2), *rows["dv"], dv.stride(2),
             delta.stride(0), delta.stride(1), *kv_args, hk0, hks, hq, group, n, qk_scale, scale,
-            STAGES=BWD_RING[d], FUSE=fused, num_warps=4, maxnreg=MAXNREG,
+            STAGES=stages, FUSE=fused, num_warps=4, maxnreg=MAXNREG,
         )
         if fused:
             continue
@@ -829,7 +948,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
             mod.msa_gluon_bwd_dq, (n_tiles, b * hs), qd, kd, vd, dod, dqd, dq, lse2, delta,
             *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dq.stride(2),
             delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n, qk_scale, scale,
-            STAGES=BWD_RING[d], num_warps=4, maxnreg=MAXNREG,
+            STAGES=stages, num_warps=4, maxnreg=MAXNREG,
         )
     if fused:
         dq.copy_(dqa)
@@ -846,7 +965,8 @@ def _aot_descriptor(dtype: torch.dtype, rows: int, head_dim: int) -> str:
     return f"tensordesc<{_SHORT[dtype]}[{rows}, {head_dim}],{_smem_layout((rows, head_dim), dtype)!r}>"
 
 
-def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
+def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90,
+                stages: int | None = None, order: int | None = None):
     """The plan's kernel compiled for sm_{arch} without a GPU (Triton's bundled ptxas), as a
     launch specialises it: a CompiledKernel (``.metadata.shared``, ``.asm['cubin']``). Run it in
     a process without TRITON_INTERPRET."""
@@ -860,7 +980,8 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
         return _aot_descriptor(dtype, rows, head_dim)
 
     # ORDER: the tile order of a call of N=16384, H=16 on 132 SMs
-    consts = dict(STAGES=RING[head_dim], FOLD=True, ORDER=tile_order(kplan, 128, 16, 132))
+    consts = dict(STAGES=stages or RING[head_dim], FOLD=True,
+                  ORDER=tile_order(kplan, 128, 16, 132) if order is None else order)
     sig = dict(q_desc=desc(BLOCK_MC), k_desc=desc(BLOCK_N), v_desc=desc(BLOCK_N), o_desc=desc(BLOCK_MC),
                O=f"*{short}", LSE="*fp32", T="*i32", DOC="*i32", TL="*i32", qk_scale="fp32")
     sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
@@ -869,8 +990,9 @@ def aot_compile(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim
                           options=dict(num_warps=4, maxnreg=MAXNREG))
 
 
-def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90):
-    """``aot_compile`` for the backward: {"dkdv": CompiledKernel, "dq": CompiledKernel}."""
+def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: int = 90,
+                    stages: int | None = None):
+    """``aot_compile`` for the backward: {"dkdv": ..., "fused": ..., "dq": CompiledKernel}."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -890,7 +1012,7 @@ def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head
                              else desc(BLOCK_N // 2)),
                    LSE2="*fp32", DELTA="*fp32", T="*i32", OFFS="*i32", INV="*i32", DOC="*i32", qk_scale="fp32",
                    sm_scale="fp32")
-        consts = dict(STAGES=BWD_RING[head_dim], FUSE=name == "fused")
+        consts = dict(STAGES=stages or BWD_RING[head_dim], FUSE=name == "fused")
         consts = {a: value for a, value in consts.items() if a in kern.arg_names}
         sig = {a: ("constexpr" if a in consts else sig.get(a, "i32")) for a in kern.arg_names}
         cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}

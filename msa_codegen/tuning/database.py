@@ -237,8 +237,8 @@ def validate_row(d: dict, where: str = "row") -> dict:
     if d["dtype"] not in DTYPE_NAMES:
         raise ValueError(f"{where}: dtype must be one of {DTYPE_NAMES}, got {d['dtype']!r}")
     out["dtype"] = d["dtype"]
-    try:   # the config must build a FwdConfig / BwdConfig (msa patterns: MsaConfig fields)
-        row_config(d["pattern"], d["direction"], d["config"])
+    try:   # the config must build a FwdConfig / BwdConfig (msa patterns: MsaConfig fields; Gluon rows: its knobs)
+        row_config(d["pattern"], d["direction"], d["config"], d["kernel_hash"], d["head_dim"])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: config {d['config']!r} is not a valid {d['direction']} config: {e}") from None
     out["config"] = dict(d["config"])

@@ -54,13 +54,32 @@ def triton_version() -> str:
 
 def is_current(pattern: str, triton: str, kernels: str) -> bool:
     """Whether a stored row (its pattern, Triton version and kernel hash) runs on this
-    installation: same Triton, same generated kernels. A pattern that no longer parses is not."""
+    installation: same Triton, same generated kernels (a Gluon row's: either direction's, see
+    ``gluon_hash``). A pattern that no longer parses is not."""
     if triton != triton_version():
         return False
     try:
+        if is_gluon_hash(kernels):
+            return kernels in (gluon_hash(pattern, "fwd"), gluon_hash(pattern, "bwd"))
         return kernels == kernel_hash(pattern)
     except ValueError:
         return False
+
+
+def is_gluon_hash(kernels: str) -> bool:
+    """Whether a row's kernel hash keys the Gluon family's kernels (``kernels.gluon.kernel_hash``):
+    its config holds that family's knobs (``gluon_config_from_row``)."""
+    return kernels.startswith("gluon-")
+
+
+def gluon_hash(pattern, direction: str) -> str | None:
+    """The kernel hash of a pattern's Gluon kernels of one direction for a plain call (no run-time
+    positions), what ``msa-tune --family gluon`` keys its rows by; None when the family cannot
+    run them (``kernels.gluon.kernel_hash``)."""
+    from ..kernels import gluon
+    from ..pattern.lowering import lower
+
+    return gluon.kernel_hash(tuple(lower(g.spec) for g in parse(pattern).groups), direction)
 
 
 def library_version() -> str:
@@ -139,11 +158,25 @@ def msa_config_from_row(direction: str, values) -> dict[str, int]:
     return {name: values[name] for name in fields}
 
 
-def row_config(pattern, direction: str, values):
-    """A stored row's config: MsaConfig fields (a dict) for an msa pattern, else a FwdConfig / BwdConfig."""
+def row_config(pattern, direction: str, values, kernels: str = "", head_dim: int | None = None):
+    """A stored row's config: the Gluon family's knobs (a dict) for a row of its kernels
+    (``kernels``, the row's kernel hash), MsaConfig fields (a dict) for an msa pattern, else a
+    FwdConfig / BwdConfig."""
+    if is_gluon_hash(kernels):
+        return gluon_config_from_row(direction, values, head_dim)
     if is_msa_pattern(pattern):
         return msa_config_from_row(direction, values)
     return config_from_row(direction, values)
+
+
+def gluon_config_from_row(direction: str, values, head_dim: int | None = None) -> dict[str, int]:
+    """The Gluon knobs of one direction from a stored ``config`` dict, every field set (TypeError /
+    ValueError if invalid; ``kernels.gluon.check_config``, the stage choices of ``head_dim``)."""
+    from ..kernels import gluon
+
+    if isinstance(values, dict) and set(values) != set(gluon.FIELDS[direction]):
+        raise ValueError(f"expected the fields {sorted(gluon.FIELDS[direction])}, got {sorted(values)}")
+    return dict(gluon.check_config(direction, values, head_dim))
 
 
 def config_from_row(direction: str, values) -> FwdConfig | BwdConfig:

@@ -213,7 +213,7 @@ def _choose(direction: str, gpu: str, capability: str, want_bucket: int, dbs: li
             if row["direction"] != direction:
                 continue
             try:
-                cfg = row_config(row["pattern"], direction, row["config"])
+                cfg = row_config(row["pattern"], direction, row["config"], row["kernel_hash"], row["head_dim"])
             except (TypeError, ValueError):
                 continue   # a hand-edited or damaged row never runs
             usable.append((order, label, path, row, cfg))
@@ -301,6 +301,67 @@ def lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int, bucke
                           buckets=buckets)
 
 
+# ---- the Gluon family's rows ----------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GluonResolution:
+    """The Gluon family's knobs for one call key, per direction (``.fwd`` / ``.bwd``: a ``Choice``
+    whose config is a dict of ``kernels.gluon.FIELDS``; {} where no row serves: the heuristic's
+    values). Rows are keyed as the Triton family's, with the kernel hash of the call's Gluon
+    kernels of that direction (``kernels.gluon.kernel_hash``), so the two families never read
+    each other's rows."""
+
+    bucket: int
+    fwd: Choice
+    bwd: Choice
+
+    def __str__(self) -> str:
+        lines = [f"Gluon kernels' knobs where they run (bucket {self.bucket}):"]
+        for name in ("fwd", "bwd"):
+            ch = getattr(self, name)
+            cfg = " ".join(f"{k}={v}" for k, v in ch.config.items()) or "the heuristic's knobs"
+            lines.append(f"  gluon {name}: {cfg}")
+            lines.append(f"       from {ch.source}")
+        return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=1024)
+def _gluon_cached(gpu: str, capability: str, pattern: str, dtype: str, head_dim: int, group: int, seqlen: int,
+                  user: Path, shipped: Path, tv: str, hashes: tuple) -> GluonResolution:
+    b = _bucket(seqlen)
+    choices = {}
+    for direction, kh in zip(("fwd", "bwd"), hashes):
+        dbs = []
+        if kh is not None:
+            query = dict(capability=capability, pattern=pattern, dtype=dtype, head_dim=head_dim, gqa_group=group,
+                         triton_version=tv, kernel_hash=kh)
+            for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
+                rows = _read_rows(path, mode, query)
+                if rows:
+                    dbs.append((label, path, rows))
+        choices[direction] = _choose(direction, gpu, capability, b, dbs, {})
+    return GluonResolution(b, choices["fwd"], choices["bwd"])
+
+
+def gluon_lookup(device, pattern, head_dim: int, dtype, group: int, seqlen: int,
+                 hashes: tuple[str | None, str | None]) -> GluonResolution:
+    """The Gluon family's knobs for a call on ``device`` (the order of the sources as ``lookup``'s,
+    its heuristic default {}). ``hashes``: the call's Gluon kernel hashes (fwd, bwd; None where
+    the family cannot run that direction). ``plan.AttentionPlan.gluon_resolution`` asks, once per
+    call key. Kept until ``reload()``."""
+    name, cap = _gpu.gpu_of(torch.device(device))
+    return gluon_lookup_for_gpu(name, cap, pattern, head_dim, dtype, group, seqlen, hashes)
+
+
+def gluon_lookup_for_gpu(gpu: str, capability: str, pattern, head_dim: int, dtype, group: int, seqlen: int,
+                         hashes: tuple[str | None, str | None], *, db: str | os.PathLike | None = None
+                         ) -> GluonResolution:
+    """``gluon_lookup`` for a named GPU (``msa-codegen which``); ``db`` as ``lookup_for_gpu``'s."""
+    return _gluon_cached(str(gpu), str(capability), canonical_pattern(pattern), dtype_name(dtype), int(head_dim),
+                         int(group), int(seqlen), user_db_path(db), shipped_db_path(), triton_version(),
+                         tuple(hashes))
+
+
 _reload_listeners: list = []
 
 
@@ -314,6 +375,7 @@ def reload(*, warnings_too: bool = False) -> None:
     """Read the databases again at the next lookup: forget every answer (and every call plan that
     holds one); with ``warnings_too``, also which databases were reported as unusable."""
     _lookup_cached.cache_clear()
+    _gluon_cached.cache_clear()
     for callback in _reload_listeners:
         callback()
     if warnings_too:
