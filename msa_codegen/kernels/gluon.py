@@ -450,17 +450,18 @@ def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, gro
 
 # ---- rendering and loading ------------------------------------------------------------------
 
-def render(kplan: KernelPlan, direction: str = "fwd") -> str:
+def render(kplan: KernelPlan, direction: str = "fwd", names: dict | None = None) -> str:
     """The Gluon source of one head group's plan, its forward (``fwd``) or backward (``bwd``:
     dK/dV and dQ); raises ValueError when the plan is not eligible or this Triton's Gluon lacks
-    what the kernel needs."""
+    what the kernel needs. ``names``: the API names rendered in (default: ``api()``'s)."""
     why = pattern_reason(kplan) if direction == "fwd" else bwd_pattern_reason(kplan)
     if why:
         what = "this plan" if direction == "fwd" else "this plan's backward"
         raise ValueError(f"the Gluon family does not run {what}: {why}")
-    names, why = api()
     if names is None:
-        raise ValueError(why)
+        names, why = api()
+        if names is None:
+            raise ValueError(why)
     meta = {"version": __version__, "triton": triton.__version__}
     template = TEMPLATE if direction == "fwd" else TEMPLATE_BWD
     return _render._env().get_template(template).render(plan=kplan, meta=meta, api=names, maxnreg=MAXNREG,
@@ -783,17 +784,23 @@ def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int)
     return want, None
 
 
+#: the names ``kernel_hash`` renders in place of ``api()``'s
+_HASH_NAMES = {"tma_load": "tma_load", "tma_store": "tma_store", "tma_add": "tma_add"}
+
+
 @functools.lru_cache(maxsize=256)
 def kernel_hash(kplans: tuple[KernelPlan, ...], direction: str) -> str | None:
     """The key of this family's tuning rows for a call of these head groups' plans: ``"gluon-"``
     and a hash of their rendered Gluon kernels of one direction, comments and blank lines left
     out (as ``render.kernel_hash``), so that a row never runs on other kernels and never mixes
-    with the Triton family's rows. None when a head group cannot run this direction in Gluon or
-    this Triton's Gluon lacks what the templates need."""
+    with the Triton family's rows. Rendered with the API's names as placeholders
+    (``_HASH_NAMES``): the names a Triton version has are decided by its version, which keys
+    the rows too, so the hash is the same on every Triton (a CPU machine on Triton 3.9 checks the
+    shipped rows of Triton 3.6). None when a head group cannot run this direction in Gluon."""
     h = hashlib.sha256(f"msa-codegen gluon {direction} v1".encode())
     for kplan in kplans:
         try:
-            body = render(kplan, direction)
+            body = render(kplan, direction, _HASH_NAMES)
         except ValueError:
             return None
         h.update(_render.code_only(body).encode())
