@@ -12,7 +12,7 @@ N=65536): the Triton forward (``msa_codegen.attention`` with MSA_CODEGEN_GLUON=0
 tiles a head only; ``LISTED``, the host's list, for every case), each checked against the Triton
 forward's o and LSE first, then timed in interleaved rounds (``triton.testing.do_bench``
 medians, the best round kept). Effective TFLOP/s count the visible pairs (4 * D * H * B *
-pairs). The order the launcher picks (``gluon.tile_order``) is marked. One table last.
+pairs). The order the launcher picks (a tuned row's, else ``gluon.tile_order``'s) is marked. One table last.
 """
 from __future__ import annotations
 
@@ -47,18 +47,17 @@ def run_case(pattern: str, b: int, h: int, n: int, d: int, rep: int, rounds: int
         orders += [gluon.BY_COST] + ([gluon.PAIRS] if n_qb % 2 == 0 else [])
     orders.append(gluon.LISTED)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    picked = gluon.tile_order(plan.groups[0].kernel_plan, n_qb, b * h, min(sms, b * h * n_qb))
+    picked, _ = gluon.order_for(gluon.config(plan, "fwd")[0], plan.groups[0].kernel_plan, n_qb, b * h,
+                                min(sms, b * h * n_qb))   # a tuned row's order, else tile_order's
     row = dict(case=f"{pattern} B={b} H={h} N={n} D={d}", picked=NAMES[picked], ms={}, check={})
-    real = gluon.tile_order
     fns = {"triton": lambda: msa.attention(q, k, v, pattern)}
 
     def order_fn(order):
         def run():
-            gluon.tile_order = lambda *a: order
-            try:
+            # the order as a use_gluon_config override: a tuned row of the shape would win over a
+            # patched tile_order
+            with gluon.use_gluon_config(fwd={"order": order}):
                 return gluon.forward(q, k, v, plan, scale)
-            finally:
-                gluon.tile_order = real
         return run
 
     with torch.no_grad():
