@@ -157,7 +157,8 @@ def _render_gluon(pat, args) -> int:
     launch = (f"grids (cdiv(N, 128), B * heads), num_warps=4, maxnreg={_gluon_family.MAXNREG}, "
               f"STAGES={_gluon_family.BWD_RING.get(args.head_dim, '-')}; after the Triton stats pass msa_bwd_pre"
               if bwd else f"launched persistent, num_warps=4, maxnreg={_gluon_family.MAXNREG}, "
-              f"STAGES={_gluon_family.RING.get(args.head_dim, '-')}, FOLD=True")
+              f"STAGES={_gluon_family.RING.get(args.head_dim, '-')}, ORDER=gluon.tile_order's, FOLD=True")
+    launch += "; a tuned row's ORDER / STAGES where one serves (msa-tune --family gluon; msa-codegen which)"
     print(f"# Gluon {'backward' if bwd else 'forward'} (kernels/gluon.py), run by attention on a 9.x GPU "
           f"where asked ({_gluon_family.ENV}=1, or unset: top-k and packed documents on Triton "
           f"{', '.join(_gluon_family.GPU_TESTED)}); head dim {args.head_dim}, {DTYPES[args.dtype]}: "
