@@ -29,7 +29,7 @@ from ..pattern.reference import mask, spec_mask
 from ..pattern.spec import msa_split, parse
 from ..tuning import gpu as _gpu
 from ..tuning.database import open_db
-from ..tuning.keys import DTYPES, dtype_name, is_current, torch_dtype, triton_version
+from ..tuning.keys import DTYPES, dtype_name, is_current, is_gluon_hash, torch_dtype, triton_version
 from ..tuning.lookup import gluon_lookup_for_gpu, lookup, lookup_for_gpu, shipped_db_path, user_db_path
 from .tune import error_line, relaunch_in_interpreter
 
@@ -414,7 +414,7 @@ def cmd_db_list(args) -> int:
     for r in rows:
         stale = not is_current(r["pattern"], r["triton_version"], r["kernel_hash"])
         table.append((r["gpu"], r["capability"], r["pattern"], r["direction"], r["dtype"], str(r["head_dim"]),
-                      str(r["gqa_group"]), str(r["bucket"]), ",".join(str(v) for v in r["config"].values()),
+                      str(r["gqa_group"]), str(r["bucket"]), _config_cell(r),
                       f"{r['median_ms']:.4g}", f"{r['tflops']:.3g}" if r["tflops"] is not None else "-",
                       str(r["trials"]), str(r["created_at"])[:10],
                       f"stale (triton {r['triton_version']}, kernels {r['kernel_hash']})" if stale else ""))
@@ -422,6 +422,14 @@ def cmd_db_list(args) -> int:
     for t in table:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
     return 0
+
+
+def _config_cell(row: dict) -> str:
+    """A row's config in ``db list``: the Triton family's values comma-separated (its fields in
+    order), the Gluon family's named (``gluon order=3 stages=2``)."""
+    if is_gluon_hash(row["kernel_hash"]):
+        return "gluon " + " ".join(f"{k}={v}" for k, v in row["config"].items())
+    return ",".join(str(v) for v in row["config"].values())
 
 
 def cmd_db_export(args) -> int:

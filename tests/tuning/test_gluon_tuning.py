@@ -210,3 +210,14 @@ def test_gpu_tune_gluon_stores_a_row_the_forward_runs(tmp_home, monkeypatch):
     msa.attention(q, q, q, "window=1024")
     gl = [kw for kw in launched if "ORDER" in kw]
     assert gl and gl[-1]["ORDER"] == res.config["order"]
+
+
+@needs_api
+def test_db_list_names_the_gluon_knobs(tmp_home, capsys):
+    from msa_codegen.cli import main as codegen_cli
+
+    db = tmp_home / "listed.db"
+    put(db, gluon_row(), row(pattern=WINDOW, kernel_hash=__import__("msa_codegen").kernels.render.kernel_hash(WINDOW)))
+    assert codegen_cli.main(["db", "list", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "gluon order=2 stages=2" in out and "64,32,4,2" in out and "stale (" not in out
