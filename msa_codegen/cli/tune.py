@@ -72,6 +72,19 @@ def _seqlens(values: list[str]) -> list[int]:
     return out
 
 
+def _distinct_buckets(seqlens: list[int]):
+    """(N, its bucket) for each --seqlen whose bucket an earlier one did not take (one row a
+    bucket: the first length of a bucket is the one timed)."""
+    from ..tuning.keys import bucket
+
+    seen = set()
+    for n in seqlens:
+        b = bucket(n)
+        if b not in seen:
+            seen.add(b)
+            yield n, b
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -183,7 +196,7 @@ def run(args) -> int:
     from ..pattern.lowering import MAX_SEQLEN
     from ..pattern.spec import parse
     from ..tuning.database import open_db
-    from ..tuning.keys import TuningKey, bucket, torch_dtype
+    from ..tuning.keys import TuningKey, torch_dtype
     from ..tuning.lookup import user_db_path
 
     name, cap, _ = _target(args.gpu)
@@ -250,12 +263,8 @@ def run(args) -> int:
           + (f"{jobs} compile job{'s' if jobs > 1 else ''}" if cuda else "no compile jobs (the interpreter)")
           + (f", budget {args.budget_minutes:g} min" if deadline is not None else ""), flush=True)
 
-    seen, results, missing, not_done = set(), [], [], []
-    for n in seqlens:
-        b = bucket(n)
-        if b in seen:
-            continue
-        seen.add(b)
+    results, missing, not_done = [], [], []
+    for n, b in _distinct_buckets(seqlens):
         problem = representative_problem(pattern, heads, kv_heads, n, args.head_dim, dtype, cuda)
         for direction in directions:
             key = TuningKey.current(name, cap, pattern, direction, dtype, args.head_dim, heads // kv_heads, n)
@@ -292,7 +301,7 @@ def run(args) -> int:
 def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype, dtype_flag, directions,
              db_path) -> int:
     """msa-tune of an msa pattern: MsaConfig's fields per direction (``tuning.msa_search``)."""
-    from ..tuning.keys import TuningKey, bucket
+    from ..tuning.keys import TuningKey
     from ..tuning.msa_search import MsaProblem, tune_msa
 
     spec = pat.groups[0].spec
@@ -308,12 +317,8 @@ def _run_msa(args, pat, name, cap, cuda, heads, kv_heads, seqlens, trials, dtype
     print(f"tuning {pattern!r} (MSA's kernels, MsaConfig) on {name} (capability {cap}), {dtype_flag}, head dim "
           f"{args.head_dim}, heads {heads}/{kv_heads}, proxy heads {hp} ({heads // hp} heads per proxy head), "
           f"{', '.join(directions)}; database {db_path}", flush=True)
-    results, missing, seen = [], [], set()
-    for n in seqlens:
-        b = bucket(n)
-        if b in seen:
-            continue
-        seen.add(b)
+    results, missing = [], []
+    for n, b in _distinct_buckets(seqlens):
         timed_n = n if cuda else min(n, INTERP_MSA_SEQLEN)
         problem = MsaProblem(pattern, spec.msa, spec.block, heads, kv_heads, hp, timed_n, args.head_dim, dtype,
                              "cuda" if cuda else "cpu", not cuda)
@@ -338,18 +343,13 @@ def _run_gluon(args, pattern, heads, kv_heads, seqlens, dtype, dtype_flag, direc
     """msa-tune --family gluon: every candidate of the Gluon knobs per bucket and direction
     (``tuning.gluon_search``)."""
     from ..tuning.gluon_search import heuristic, space, tune_gluon, unavailable
-    from ..tuning.keys import bucket
     from ..tuning.measure import representative_problem
 
     deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes is not None else None
     print(f"tuning {pattern!r} (the Gluon kernels' knobs) on this GPU, {dtype_flag}, head dim {args.head_dim}, "
           f"heads {heads}/{kv_heads}, {', '.join(directions)}; database {db_path}", flush=True)
-    results, missing, not_done, seen = [], [], [], set()
-    for n in seqlens:
-        b = bucket(n)
-        if b in seen:
-            continue
-        seen.add(b)
+    results, missing, not_done = [], [], []
+    for n, b in _distinct_buckets(seqlens):
         problem = representative_problem(pattern, heads, kv_heads, n, args.head_dim, dtype, True)
         for direction in directions:
             why = unavailable(problem, direction)

@@ -22,7 +22,6 @@ takes the heuristic's (``kernels.gluon.order_for``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import itertools
 import os
@@ -35,7 +34,7 @@ from ..pattern.spec import parse
 from .keys import TuningKey, library_version
 from .lookup import reload
 from .measure import Bench, Problem, error_line, interleaved
-from .search import FINALISTS, _provenance
+from .search import FINALISTS, RowResult, _provenance
 
 ROUNDS = 5
 
@@ -181,26 +180,8 @@ class GluonBench(Bench):
         return timed
 
 
-@dataclasses.dataclass
-class GluonTuneResult:
-    key: TuningKey
-    config: dict
-    median_ms: float
-    spread_ms: float
-    default_ms: float | None
-    tflops: float | None
-    trials: int
-    pruned: int
-    failures: list
-    stored: bool
-
-    @property
-    def speedup(self) -> float | None:
-        return self.default_ms / self.median_ms if self.default_ms else None
-
-
 def tune_gluon(problem: Problem, direction: str, db_path, *, deadline: float | None = None, rep_ms: int = 100,
-               rounds: int = ROUNDS, log=print) -> GluonTuneResult | None:
+               rounds: int = ROUNDS, log=print) -> RowResult | None:
     """Measure every candidate of one direction for one key (``problem``'s bucket), store the
     winner in ``db_path`` (a faster stored row of the same shape is kept). None when nothing
     valid was measured; ValueError when the family cannot run the problem (``unavailable``)."""
@@ -263,7 +244,7 @@ def tune_gluon(problem: Problem, direction: str, db_path, *, deadline: float | N
     with TuningDB(db_path) as db:
         stored = db.put(row, keep_faster=True)
     reload()
-    return GluonTuneResult(key, config, med, spread, default_ms, row["tflops"], len(measured), pruned, failures,
+    return RowResult(key, config, med, spread, default_ms, row["tflops"], len(measured), pruned, failures,
                            stored)
 
 

@@ -201,6 +201,16 @@ def _read_rows(path: Path, mode: str, query: dict) -> list[dict] | None:
         return None
 
 
+def _databases(user: Path, shipped: Path, query: dict) -> list[tuple[str, Path, list[dict]]]:
+    """(label, path, candidate rows) of the user, then the shipped database, those with rows."""
+    dbs = []
+    for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
+        rows = _read_rows(path, mode, query)
+        if rows:
+            dbs.append((label, path, rows))
+    return dbs
+
+
 def _log_distance(a: int, b: int) -> float:
     return abs(math.log2(a) - math.log2(b))
 
@@ -261,11 +271,7 @@ def _lookup_cached(gpu: str, capability: str, cuda: bool, pattern: str, dtype: s
                                             getattr(torch, dtype), capability if cuda else None, canon, buckets)
     query = dict(capability=capability, pattern=canon, dtype=dtype, head_dim=head_dim, gqa_group=group,
                  triton_version=tv, kernel_hash=kh)
-    dbs = []
-    for label, path, mode in () if buckets else (("user", user, "rw"), ("shipped", shipped, "ro")):
-        rows = _read_rows(path, mode, query)
-        if rows:
-            dbs.append((label, path, rows))
+    dbs = [] if buckets else _databases(user, shipped, query)
     return Resolution(gpu, capability, canon, dtype, head_dim, group, seqlen, b,
                       _choose("fwd", gpu, capability, b, dbs, default.fwd),
                       _choose("bwd", gpu, capability, b, dbs, default.bwd))
@@ -331,14 +337,9 @@ def _gluon_cached(gpu: str, capability: str, pattern: str, dtype: str, head_dim:
     b = _bucket(seqlen)
     choices = {}
     for direction, kh in zip(("fwd", "bwd"), hashes):
-        dbs = []
-        if kh is not None:
-            query = dict(capability=capability, pattern=pattern, dtype=dtype, head_dim=head_dim, gqa_group=group,
-                         triton_version=tv, kernel_hash=kh)
-            for label, path, mode in (("user", user, "rw"), ("shipped", shipped, "ro")):
-                rows = _read_rows(path, mode, query)
-                if rows:
-                    dbs.append((label, path, rows))
+        dbs = [] if kh is None else _databases(user, shipped, dict(
+            capability=capability, pattern=pattern, dtype=dtype, head_dim=head_dim, gqa_group=group,
+            triton_version=tv, kernel_hash=kh))
         choices[direction] = _choose(direction, gpu, capability, b, dbs, {})
     return GluonResolution(b, choices["fwd"], choices["bwd"])
 

@@ -23,6 +23,7 @@ from ..msa.api import msa_attention
 from .keys import MSA_FIELDS, TuningKey, library_version
 from .lookup import reload
 from .measure import interleaved, time_runner
+from .search import RowResult
 
 #: the knobs and their choices (the same on every device, so that processes sharing a study agree)
 KNOBS = {
@@ -142,26 +143,8 @@ class MsaBench:
         return med, iqr
 
 
-@dataclasses.dataclass
-class MsaTuneResult:
-    key: TuningKey
-    config: dict
-    median_ms: float
-    spread_ms: float
-    default_ms: float | None
-    tflops: float | None
-    trials: int
-    pruned: int
-    failures: list
-    stored: bool
-
-    @property
-    def speedup(self) -> float | None:
-        return self.default_ms / self.median_ms if self.default_ms else None
-
-
 def tune_msa(problem: MsaProblem, direction: str, key: TuningKey, db_path, *, trials: int, seed: int = 0,
-             deadline: float | None = None, rep_ms: int = 100) -> MsaTuneResult | None:
+             deadline: float | None = None, rep_ms: int = 100) -> RowResult | None:
     """Tune one direction's MsaConfig fields for one key; store the winner in ``db_path``. None when
     nothing valid was measured."""
     import optuna
@@ -235,7 +218,7 @@ def tune_msa(problem: MsaProblem, direction: str, key: TuningKey, db_path, *, tr
     with TuningDB(db_path) as db:
         stored = db.put(row, keep_faster=True)
     reload()   # this process's next msa_attention calls see the row
-    return MsaTuneResult(key, row["config"], med, spread, default_ms, None, n_trials, pruned, failures, stored)
+    return RowResult(key, row["config"], med, spread, default_ms, None, n_trials, pruned, failures, stored)
 
 
 def _product(knobs: dict):

@@ -66,6 +66,27 @@ class TuneResult:
         return self.default_ms / self.median_ms if self.default_ms else None
 
 
+@dataclasses.dataclass
+class RowResult:
+    """What the exhaustive and MSA tuners (``gluon_search``, ``msa_search``) stored for one key and
+    direction: the winner's fields, its median and spread, the default's median in the same rounds."""
+
+    key: TuningKey
+    config: dict
+    median_ms: float
+    spread_ms: float
+    default_ms: float | None
+    tflops: float | None
+    trials: int
+    pruned: int
+    failures: list
+    stored: bool
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_ms / self.median_ms if self.default_ms else None
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """An exclusive lock on ``PATH.lock`` (POSIX): serializes the creation of Optuna's tables and

@@ -9,6 +9,7 @@ import torch
 
 from msa_codegen.cli import tune as tune_cli
 from msa_codegen.kernels import direct, gluon
+from msa_codegen.kernels.render import kernel_hash
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
 from msa_codegen.plan import plan_for
@@ -37,8 +38,6 @@ def gluon_row(pattern=WINDOW, direction="fwd", config=None, **kw):
 
 @needs_api
 def test_the_gluon_hash_keys_each_direction_apart_from_the_triton_kernels():
-    from msa_codegen.kernels.render import kernel_hash
-
     fwd, bwd = _hashes(WINDOW)
     assert fwd.startswith("gluon-") and bwd.startswith("gluon-") and fwd != bwd
     assert kernel_hash(WINDOW) not in (fwd, bwd)
@@ -54,7 +53,7 @@ def test_the_gluon_hash_keys_each_direction_apart_from_the_triton_kernels():
 @needs_api
 def test_gluon_rows_are_read_by_the_gluon_lookup_only(tmp_home):
     put(tmp_home / "tuning.db", gluon_row(), gluon_row(direction="bwd", bucket_=32768),
-        row(pattern=WINDOW, kernel_hash=__import__("msa_codegen").kernels.render.kernel_hash(WINDOW)))
+        row(pattern=WINDOW, kernel_hash=kernel_hash(WINDOW)))
     res = gluon_lookup_for_gpu("h200", "9.0", WINDOW, 128, "bfloat16", 1, 131072, _hashes(WINDOW))
     assert res.fwd.config == {"order": gluon.PAIRS, "stages": 2} and "user db" in res.fwd.source
     assert res.bwd.config == {"stages": 2} and "nearest bucket 32768" in res.bwd.source
@@ -217,7 +216,7 @@ def test_db_list_names_the_gluon_knobs(tmp_home, capsys):
     from msa_codegen.cli import main as codegen_cli
 
     db = tmp_home / "listed.db"
-    put(db, gluon_row(), row(pattern=WINDOW, kernel_hash=__import__("msa_codegen").kernels.render.kernel_hash(WINDOW)))
+    put(db, gluon_row(), row(pattern=WINDOW, kernel_hash=kernel_hash(WINDOW)))
     assert codegen_cli.main(["db", "list", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "gluon order=2 stages=2" in out and "64,32,4,2" in out and "stale (" not in out
