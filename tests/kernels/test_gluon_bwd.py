@@ -19,6 +19,7 @@ import re
 import numpy as np
 import pytest
 import torch
+import triton
 
 import msa_codegen as msa
 from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
@@ -524,6 +525,45 @@ def test_ahead_of_time_compile_for_sm90(tmp_path):
         assert row["dkdv"]["shared"] + fused_extra <= row["fused"]["shared"] <= 232448, row
         assert all(row[k]["cubin"] > 0 for k in ("dkdv", "dq", "fused"))
         assert row["fused"]["tma_reduce"] and not row["dkdv"]["tma_reduce"] and not row["dq"]["tma_reduce"]
+
+
+_SPILLS = """
+import json, os, re, subprocess, sys, tempfile, torch
+import triton.backends.nvidia as nv
+from msa_codegen.kernels import gluon
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
+out = []
+for pattern in json.loads(sys.argv[1]):
+    row = {}
+    for name, k in gluon.aot_compile_bwd(lower(parse(pattern).groups[0].spec), torch.bfloat16, 128).items():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        row[name] = dict(hgmma=len(re.findall(r"\\bHGMMA\\b", sass)), stores=len(re.findall(r"\\bSTL\\b", sass)),
+                         loads=len(re.findall(r"\\bLDL\\b", sass)))
+    out.append(row)
+print(json.dumps(out))
+"""
+
+
+@needs_api
+def test_backward_spills_on_the_gpu_images_triton(tmp_path):
+    """On Triton 3.6 (the H200 image's; CI's oldest-pair job runs this test there) the D=128
+    window backward compiles for sm_90 with dK/dV and dQ free of spills and the fused kernel at
+    most 2 / 2 (on its masked path): it spilled 21 / 31 loop-invariant scalars until dS^T came
+    before dV's product (docs/performance.md, "The fused kernel's spills, removed"). Triton 3.9's
+    ptxas spills the fused kernel more (32 / 47, unmeasured on a GPU), so the budget is 3.6's."""
+    pytest.importorskip("triton.backends.nvidia")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"the budget is Triton 3.6's (this is {triton.__version__})")
+    rows = run_aot_source(_SPILLS, ["window=4096", "causal=false,window=512"], tmp_path, timeout=600)
+    for row in rows:
+        assert all(row[k]["hgmma"] > 0 for k in ("dkdv", "dq", "fused")), row
+        assert all(row[k]["stores"] == row[k]["loads"] == 0 for k in ("dkdv", "dq")), row
+        assert row["fused"]["stores"] <= 2 and row["fused"]["loads"] <= 2, row
 
 
 # ---- GPU: against the float64 reference ---------------------------------------------------------
