@@ -643,7 +643,7 @@ def test_forwards_compile_for_sm90_without_spills(tmp_path):
     for row in rows:
         assert row["hgmma"] > 0, row   # the SASS was read: the products are there
         assert row["stores"] == 0 and row["loads"] == 0, row
-        if not row["docs"] and row["pattern"] in ("window=4096", "causal", "causal=false"):
+        if not row["docs"] and row["pattern"] in ("window=4096", "causal"):
             # the plans that release Q after the softmax: each consumer's key loop runs the
             # softmax's 64 exponentials of a 64 x 128 tile (and the rescale's) before it waits
             # for its P V product, which ptxas (Triton 3.6 and 3.9) hoisted above them otherwise
