@@ -310,6 +310,28 @@ def run_sm90_script(*args, env=None, timeout=600) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout)
 
 
+#: the start of a ``run_aot_source`` script that reads SASS: ``sass_of(kernel)``, a compiled
+#: kernel's SASS text (cuobjdump, which Triton ships), and ``sass_counts(sass)``, its products and
+#: spill instructions
+SASS_OF = """
+import os, re, subprocess, tempfile
+import triton.backends.nvidia as _nv
+
+
+def sass_of(k):
+    tool = os.path.join(os.path.dirname(_nv.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_counts(sass):
+    return dict(hgmma=len(re.findall(r"\\bHGMMA\\b", sass)), stores=len(re.findall(r"\\bSTL\\b", sass)),
+                loads=len(re.findall(r"\\bLDL\\b", sass)))
+"""
+
+
 def run_aot_source(source: str, cases, tmp_path, timeout: int = 300) -> list:
     """``python -c source json(cases)`` without TRITON_INTERPRET, with its own codegen home and
     Triton cache under ``tmp_path``: the Gluon kernels' sm_90 compiles (no GPU needed). Returns

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
+from helpers import FLOOR, SASS_OF, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
     make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
@@ -598,20 +598,15 @@ def test_ahead_of_time_compile_for_sm90(tmp_path):
         assert row["cubin"] > 0
 
 
-_SPILLS = """
-import json, os, re, subprocess, sys, tempfile, torch
-import triton.backends.nvidia as nv
+_SPILLS = SASS_OF + """
+import json, sys, torch
 from msa_codegen.kernels import gluon
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
-tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = []
 for pattern, docs in json.loads(sys.argv[1]):
     k = gluon.aot_compile(lower(parse(pattern).groups[0].spec, **(CU_SEQLENS if docs else {})), torch.bfloat16, 128)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    sass = sass_of(k)
     # per wait for S (gsb0 0x1): the exponentials before the next wait for P V (gsb0 0x0)
     exps, cur = [], None
     for line in sass.splitlines():
@@ -621,9 +616,7 @@ for pattern, docs in json.loads(sys.argv[1]):
             exps, cur = exps + [cur], None
         elif cur is not None and "MUFU.EX2" in line:
             cur += 1
-    out.append(dict(pattern=pattern, docs=docs, hgmma=len(re.findall(r"\\bHGMMA\\b", sass)),
-                    stores=len(re.findall(r"\\bSTL\\b", sass)), loads=len(re.findall(r"\\bLDL\\b", sass)),
-                    exps_before_pv_wait=exps))
+    out.append(dict(pattern=pattern, docs=docs, **sass_counts(sass), exps_before_pv_wait=exps))
 print(json.dumps(out))
 """
 

@@ -22,7 +22,7 @@ import torch
 import triton
 
 import msa_codegen as msa
-from helpers import FLOOR, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
+from helpers import FLOOR, SASS_OF, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
     make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
@@ -527,24 +527,15 @@ def test_ahead_of_time_compile_for_sm90(tmp_path):
         assert row["fused"]["tma_reduce"] and not row["dkdv"]["tma_reduce"] and not row["dq"]["tma_reduce"]
 
 
-_SPILLS = """
-import json, os, re, subprocess, sys, tempfile, torch
-import triton.backends.nvidia as nv
+_SPILLS = SASS_OF + """
+import json, sys, torch
 from msa_codegen.kernels import gluon
 from msa_codegen.pattern.lowering import lower
 from msa_codegen.pattern.spec import parse
-tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = []
 for pattern in json.loads(sys.argv[1]):
-    row = {}
-    for name, k in gluon.aot_compile_bwd(lower(parse(pattern).groups[0].spec), torch.bfloat16, 128).items():
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        row[name] = dict(hgmma=len(re.findall(r"\\bHGMMA\\b", sass)), stores=len(re.findall(r"\\bSTL\\b", sass)),
-                         loads=len(re.findall(r"\\bLDL\\b", sass)))
-    out.append(row)
+    out.append({name: sass_counts(sass_of(k))
+                for name, k in gluon.aot_compile_bwd(lower(parse(pattern).groups[0].spec), torch.bfloat16, 128).items()})
 print(json.dumps(out))
 """
 
