@@ -13,7 +13,9 @@ loads as its own kernel module, so one process times them all: ``kernels.gluon.f
 case (bf16), each variant first checked against the pattern contract's float64 reference
 (``reference_attention``) at small odd shapes (``window=256`` and ``causal``, N=1000, B=2, H=4,
 D=128) and against the tree's output on the case itself, then timed in interleaved rounds (``triton.testing.do_bench`` medians; the best and the median
-round). Effective TFLOP/s count the visible pairs. One table last. How the Q-release change of
+round). Effective TFLOP/s count the visible pairs. Cases 5 and 6 time the top-k and the
+packed-documents forms of the forward (random causal block_indices; documents of 16000 rows), whose
+kernels differ from the plain window's. One table last. How the Q-release change of
 2026-12-04 was measured (docs/performance.md, "The Gluon family").
 
 ``--direction bwd``: the same for ``templates/gluon/bwd.py.jinja``. Each variant's fused backward
@@ -38,9 +40,12 @@ from msa_codegen.pattern.reference import reference_attention, relative_error
 from msa_codegen.pattern.spec import parse
 from msa_codegen.plan import plan_for
 
-#: (pattern, B, H, N, D)
+#: (pattern, B, H, N, D[, documents' length]): 5 is the top-k form (causal, random block_indices,
+#: each query block's 16 blocks at or before its own), 6 the packed-documents form (cu_seqlens of
+#: equal documents, the last one shorter); the forward only (the variant's backward: no such rows)
 CASES = [("window=4096", 1, 16, 131072, 128), ("causal", 1, 16, 16384, 128), ("causal=false,window=512", 1, 16, 65536, 128),
-         ("window=4096,sink=64", 1, 16, 131072, 128), ("window=4096", 1, 32, 131072, 64)]
+         ("window=4096,sink=64", 1, 16, 131072, 128), ("window=4096", 1, 32, 131072, 64),
+         ("topk=16", 1, 16, 131072, 128), ("window=4096", 1, 16, 131072, 128, 16000)]
 CHECKS = [("window=256", 1000), ("causal", 1000)]
 #: --direction bwd: the checks' patterns (the Gluon backward's: windows without sink)
 BWD_CHECKS = [("window=256", 1000), ("causal=false,window=300", 1000)]
@@ -96,20 +101,23 @@ def main(argv=None) -> int:
     checks = CHECKS
     if args.direction == "bwd":
         from msa_codegen.pattern.lowering import lower
-        skipped = [c[0] for c in cases if gluon.bwd_pattern_reason(lower(parse(c[0]).groups[0].spec))]
+        # not the Gluon backward's, or a top-k or documents case (their run-time inputs: forward only)
+        skipped = [c for c in cases if gluon.bwd_pattern_reason(lower(parse(c[0]).groups[0].spec))
+                   or len(c) > 5 or parse(c[0]).groups[0].spec.topk]
         if skipped:
-            print(f"not the Gluon backward's, skipped: {', '.join(skipped)}")
-        cases = [c for c in cases if c[0] not in skipped]
+            print(f"not timed by --direction bwd, skipped: {', '.join(map(str, skipped))}")
+        cases = [c for c in cases if c not in skipped]
         checks = BWD_CHECKS
     variants = Variants(texts, template)
     try:
         if args.render_only:
-            from msa_codegen.pattern.lowering import lower
+            from msa_codegen.pattern.lowering import CU_SEQLENS, lower
             for name in texts:
                 variants.use(name)
-                for pattern, *_ in cases + [(p, 0, 0, 0, 0) for p, _ in checks]:
-                    source = gluon.render(lower(parse(pattern).groups[0].spec), args.direction)
-                    print(f"{name}: {pattern} renders ({len(source)} characters)")
+                for pattern, _, _, _, _, *docs in cases + [(p, 0, 0, 0, 0) for p, _ in checks]:
+                    spec = parse(pattern).groups[0].spec
+                    source = gluon.render(lower(spec, **(CU_SEQLENS if docs else {})), args.direction)
+                    print(f"{name}: {pattern}{' over documents' if docs else ''} renders ({len(source)} characters)")
             return 0
         if not torch.cuda.is_available():
             raise SystemExit("gluon_ab.py times GPU kernels: no GPU is visible (--render-only renders)")
@@ -131,20 +139,56 @@ def _run(variants: Variants, names: list[str], cases, rounds: int, rep: int) -> 
             o, _ = gluon.forward(q, k, v, plan, 128 ** -0.5)
             print(f"check {pattern} N={n} {name}: relative error against float64 {relative_error(o, ref):.3e}", flush=True)
     rows = []
-    for pattern, b, h, n, d in cases:
+    for pattern, b, h, n, d, *docs in cases:
         q, k, v = (torch.randn(b, h, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
-        plan = plan_for(pattern, q.device, q.dtype, d, h, h, n)
-        scale = d ** -0.5
+        fwd, pairs, label, _ = _forward_of(pattern, q, k, v, docs[0] if docs else None, g)
         outs = {}
         for name in names:
             variants.use(name)
-            outs[name] = gluon.forward(q, k, v, plan, scale)[0]
+            outs[name] = fwd()[0]
         runs = [(name, name) for name in names]
-        times = _interleaved(variants, runs, lambda name: (lambda: gluon.forward(q, k, v, plan, scale)), rounds, rep)
-        flops = 4.0 * d * h * b * attended_pairs(parse(pattern).groups[0].spec, n)
-        rows += _rows(f"{pattern} B={b} H={h} N={n} D={d}", times, outs, flops)
+        times = _interleaved(variants, runs, lambda name: fwd, rounds, rep)
+        rows += _rows(f"{label} B={b} H={h} N={n} D={d}", times, outs, 4.0 * d * h * b * pairs)
     _table(rows, "variant", "TF/s (best)", "max abs diff vs tree")
     return 0
+
+
+def _forward_of(pattern: str, q, k, v, doc_len: int | None, g: torch.Generator):
+    """(a closure of one Gluon forward of the case, the visible pairs a head, the case's label, its
+    run-time inputs as ``attention`` takes them: block_indices or cu_seqlens).
+    A top-k pattern gets random block_indices (causal: each query block's K distinct blocks at or
+    before its own, fewer where there are fewer); doc_len packs documents of that length
+    (``sparsity.prepare``'s positions, as ``attention(cu_seqlens=...)`` passes them). Pairs
+    from the float64 reference's own mask would take O(N^2): counted from the same rule instead."""
+    b, h, n, d = q.shape
+    spec = parse(pattern).groups[0].spec
+    scale = d ** -0.5
+    if spec.topk:
+        nb = -(-n // spec.block)
+        idx = torch.full((b, h, nb, spec.topk), -1, dtype=torch.int32)
+        pairs = 0
+        for r in range(nb):
+            picks = torch.randperm(r + 1, generator=g)[:spec.topk]
+            idx[:, :, r, :len(picks)] = picks.to(torch.int32)
+            rows = min(spec.block, n - r * spec.block)
+            # the diagonal block: causal within it; earlier blocks: whole
+            pairs += sum(rows * (rows + 1) // 2 if p == r else rows * min(spec.block, n - int(p) * spec.block)
+                         for p in picks.tolist())
+        idx = idx.to(q.device)
+        plan = plan_for(pattern, q.device, q.dtype, d, h, h, n)
+        return (lambda: gluon.forward(q, k, v, plan, scale, idx)), pairs, f"{pattern} (random causal blocks)", \
+            {"block_indices": idx}
+    if doc_len is not None:
+        from msa_codegen.pattern.lowering import CU_SEQLENS
+        from msa_codegen.sparsity.inputs import normalize
+        cu = torch.tensor(list(range(0, n, doc_len)) + [n], dtype=torch.int32, device=q.device)
+        dyn = normalize(parse(pattern).head_groups(h), b, h, h, n, n, cu_seqlens=cu)
+        plan = plan_for(pattern, q.device, q.dtype, d, h, h, n, **CU_SEQLENS)
+        pairs = sum(attended_pairs(spec, hi - lo) for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist()))
+        return ((lambda: gluon.forward(q, k, v, plan, scale, None, dyn.q_pos)), pairs,
+                f"{pattern}, documents of {doc_len}", {"cu_seqlens": cu})
+    plan = plan_for(pattern, q.device, q.dtype, d, h, h, n)
+    return (lambda: gluon.forward(q, k, v, plan, scale)), attended_pairs(spec, n), pattern, {}
 
 
 def _interleaved(variants: Variants, runs, call, rounds: int, rep: int) -> dict:

@@ -35,3 +35,23 @@ def test_kernel_families_names_what_ran(monkeypatch):
     assert kernel_families(lambda: gluon.forward()).startswith("kernels: gluon fwd, triton bwd")
     monkeypatch.delenv(gluon.ENV)
     assert kernel_families(lambda: None).endswith(f"({gluon.ENV} unset: automatic)")
+
+
+@pytest.mark.parametrize("pattern,n,doc_len", [("topk=4", 1000, None), ("topk=2,block=64", 700, None),
+                                               ("window=300", 1000, 256), ("causal=false,window=100", 900, 200),
+                                               ("causal", 515, 128)])
+def test_gluon_ab_cases_count_the_contracts_pairs(pattern, n, doc_len):
+    """benchmarks/gluon_ab.py's top-k and packed-documents cases: the pairs its TFLOP/s divide by
+    are the contract's mask's, for the block_indices / cu_seqlens it draws (CPU: the launch is
+    only built, not called)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "gluon_ab.py"
+    spec = importlib.util.spec_from_file_location("gluon_ab", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    q = k = v = torch.zeros(1, 2, n, 64)
+    _, pairs, label, inputs = ab._forward_of(pattern, q, k, v, doc_len, torch.Generator().manual_seed(n))
+    assert set(inputs) == ({"block_indices"} if "topk" in pattern else {"cu_seqlens"})
+    mask = msa.mask(pattern, n, 2, "cpu", num_kv_heads=2, batch=1, **inputs)
+    assert pairs == int(mask[0, 0].sum()) == int(mask[0, 1].sum()) > 0, label
