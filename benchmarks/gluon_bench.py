@@ -1,6 +1,7 @@
 """The Gluon family against the Triton one, in one process (issue 22).
 
     PYTHONPATH=$PWD python benchmarks/gluon_bench.py [--cases w4096,bidir-w512,w4096-s64] [--out FILE]
+    PYTHONPATH=$PWD python benchmarks/gluon_bench.py --shape 'causal=false,window=256@8x12x8192x64' [--shape ...]
 
 Per case of ``msa_codegen.bench.CASES`` (bf16, B=1, H=16, D=128; N=131072, dense causal 16k):
 ``msa_codegen.attention`` timed forward and forward + backward with MSA_CODEGEN_GLUON unset and
@@ -12,6 +13,11 @@ sink; column "gluon bwd ran"), its dq / dk / dv checked against the Triton backw
 "bwd" columns are fwd+bwd minus fwd. Effective forward TFLOP/s = 4 D H pairs / time
 (``msa_codegen.bench._flops``: visible pairs only). One JSON line per case as soon as it is done
 (and appended to --out), so that a run cut short still reports what finished; the table last.
+
+``--shape PATTERN@BxHxNxD`` (repeatable) times a shape outside msa-bench's cases instead (H query
+and key/value heads): where the two families cross over for plain windows, which decides when the
+automatic choice could take the Gluon family for them (the short encoder rows' calls were slower
+there, the long rows faster; docs/performance.md, "Short calls").
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import time
 import torch
 
 import msa_codegen as msa
-from msa_codegen.bench import CASES, _flops, _rel, _spin_up, _time
+from msa_codegen.bench import CASES, Case, _flops, _rel, _spin_up, _time
 from msa_codegen.kernels import gluon
 from msa_codegen.plan import plan_for
 
@@ -109,6 +115,18 @@ def run_case(case) -> dict:
     return row
 
 
+def parse_shape(text: str) -> Case:
+    """``PATTERN@BxHxNxD`` as a Case named by its shape (H query and key/value heads)."""
+    pattern, sep, dims = text.rpartition("@")
+    try:
+        b, h, n, d = (int(x) for x in dims.split("x"))
+    except ValueError:
+        b = h = n = d = 0
+    if not sep or not pattern or min(b, h, n, d) <= 0:
+        raise SystemExit(f"--shape {text!r}: expected PATTERN@BxHxNxD, e.g. 'window=4096@1x16x16384x128'")
+    return Case(f"{pattern} B={b} H={h} D={d}", pattern, hq=h, hkv=h, n=n, d=d, b=b)
+
+
 def table(rows) -> str:
     lines = ["| case | gluon fwd ran | gluon bwd ran | rel o / max LSE diff vs triton | rel dq / dk / dv vs triton | "
              "fwd triton ms (TF/s) | fwd gluon ms (TF/s) | gluon/triton fwd | bwd triton ms | bwd gluon ms | "
@@ -132,6 +150,8 @@ def table(rows) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="w4096,bidir-w512,w4096-s64", help="default: %(default)s")
+    ap.add_argument("--shape", action="append", default=[], metavar="PATTERN@BxHxNxD",
+                    help="a shape of its own instead of --cases (repeatable)")
     ap.add_argument("--out", default=None, help="append one JSON line per case to this file")
     ap.add_argument("--table", default=None, help="print the table of a --out file and exit")
     ap.add_argument("--watchdog", type=float, default=0,
@@ -145,16 +165,17 @@ def main(argv=None) -> int:
             print(table([json.loads(line) for line in f if line.strip()]))
         return 0
     by_name = {c.name: c for c in CASES}
+    cases = [parse_shape(s) for s in args.shape] or [by_name[name] for name in args.cases.split(",")]
     print(f"torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     _spin_up()
     rows, rc = [], 0
-    for name in args.cases.split(","):
+    for case in cases:
         t0 = time.time()
         try:
-            row = run_case(by_name[name])
+            row = run_case(case)
         except Exception as e:   # recorded; the next case still runs
-            row, rc = dict(case=name, error=f"{type(e).__name__}: {e}"[-400:]), 1
+            row, rc = dict(case=case.name, error=f"{type(e).__name__}: {e}"[-400:]), 1
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -37,6 +37,26 @@ def test_kernel_families_names_what_ran(monkeypatch):
     assert kernel_families(lambda: None).endswith(f"({gluon.ENV} unset: automatic)")
 
 
+def _benchmark_module(name):
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gluon_bench_shapes_parse():
+    """benchmarks/gluon_bench.py --shape: the pattern keeps its commas, the dims their order;
+    anything else is refused with the expected form."""
+    parse_shape = _benchmark_module("gluon_bench").parse_shape
+    case = parse_shape("causal=false,window=512@8x12x4096x64")
+    assert (case.pattern, case.b, case.hq, case.hkv, case.n, case.d) == ("causal=false,window=512", 8, 12, 12, 4096, 64)
+    for bad in ("window=4096", "window=4096@1x16x8192", "@1x1x1x1", "window=8@1x0x64x64", "window=8@axbxcxd"):
+        with pytest.raises(SystemExit, match="PATTERN@BxHxNxD"):
+            parse_shape(bad)
+
+
 @pytest.mark.parametrize("pattern,n,doc_len", [("topk=4", 1000, None), ("topk=2,block=64", 700, None),
                                                ("window=300", 1000, 256), ("causal=false,window=100", 900, 200),
                                                ("causal", 515, 128)])
@@ -44,12 +64,7 @@ def test_gluon_ab_cases_count_the_contracts_pairs(pattern, n, doc_len):
     """benchmarks/gluon_ab.py's top-k and packed-documents cases: the pairs its TFLOP/s divide by
     are the contract's mask's, for the block_indices / cu_seqlens it draws (CPU: the launch is
     only built, not called)."""
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "gluon_ab.py"
-    spec = importlib.util.spec_from_file_location("gluon_ab", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = _benchmark_module("gluon_ab")
     q = k = v = torch.zeros(1, 2, n, 64)
     _, pairs, label, inputs = ab._forward_of(pattern, q, k, v, doc_len, torch.Generator().manual_seed(n))
     assert set(inputs) == ({"block_indices"} if "topk" in pattern else {"cu_seqlens"})
