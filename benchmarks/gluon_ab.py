@@ -33,7 +33,7 @@ import statistics
 import jinja2
 import torch
 
-from msa_codegen.bench import _spin_up, _time, attended_pairs
+from msa_codegen.bench import _spin_up, _time, attended_pairs, topk_pairs
 from msa_codegen.kernels import gluon
 from msa_codegen.kernels import render as _render
 from msa_codegen.pattern.reference import reference_attention, relative_error
@@ -166,14 +166,10 @@ def _forward_of(pattern: str, q, k, v, doc_len: int | None, g: torch.Generator):
     if spec.topk:
         nb = -(-n // spec.block)
         idx = torch.full((b, h, nb, spec.topk), -1, dtype=torch.int32)
-        pairs = 0
         for r in range(nb):
             picks = torch.randperm(r + 1, generator=g)[:spec.topk]
             idx[:, :, r, :len(picks)] = picks.to(torch.int32)
-            rows = min(spec.block, n - r * spec.block)
-            # the diagonal block: causal within it; earlier blocks: whole
-            pairs += sum(rows * (rows + 1) // 2 if p == r else rows * min(spec.block, n - int(p) * spec.block)
-                         for p in picks.tolist())
+        pairs = topk_pairs(idx, n, spec.block) // (b * h)   # every head picks alike
         idx = idx.to(q.device)
         plan = plan_for(pattern, q.device, q.dtype, d, h, h, n)
         return (lambda: gluon.forward(q, k, v, plan, scale, idx)), pairs, f"{pattern} (random causal blocks)", \

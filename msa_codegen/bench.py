@@ -99,6 +99,22 @@ def attended_pairs(spec: Spec, n: int) -> int:
     return int(total.sum().item())
 
 
+def topk_pairs(block_indices: torch.Tensor, n: int, block: int) -> int:
+    """Visible (query, key) pairs of a causal ``topk=K`` pattern alone, summed over the batch and
+    KV heads of ``block_indices`` (B, Hkv, n_qb, K), one query head a KV head: each query block's
+    distinct valid entries (-1 and later blocks see nothing), its own block causally."""
+    idx = block_indices.to("cpu", torch.int64)
+    rows = torch.arange(idx.shape[2]).view(1, 1, -1, 1)
+    sorted_idx = idx.sort(dim=-1).values
+    first = torch.ones_like(sorted_idx, dtype=torch.bool)
+    first[..., 1:] = sorted_idx[..., 1:] != sorted_idx[..., :-1]
+    keep = first & (sorted_idx >= 0) & (sorted_idx <= rows)
+    q_rows = (n - rows * block).clamp(max=block)
+    k_cols = (n - sorted_idx.clamp(min=0) * block).clamp(max=block)
+    pairs = torch.where(sorted_idx == rows, q_rows * (q_rows + 1) // 2, q_rows * k_cols)
+    return int(torch.where(keep, pairs, 0).sum())
+
+
 def _flops(case: Case) -> float:
     specs = [spec for _, _, spec in parse(case.pattern).head_groups(case.hq)]
     pairs = sum(attended_pairs(s, case.n) * (h1 - h0) for (h0, h1, s) in parse(case.pattern).head_groups(case.hq))

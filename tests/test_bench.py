@@ -19,6 +19,20 @@ def test_peer_mask_and_pair_count_match_the_contract(pattern, n):
     assert attended_pairs(spec, n) == int(ref.sum())
 
 
+@pytest.mark.parametrize("n,block,k", [(1000, 128, 4), (700, 64, 3), (129, 128, 2)])
+def test_topk_pairs_count_the_contracts_mask(n, block, k):
+    """``bench.topk_pairs`` over random block_indices with -1 slots, repeats and later blocks,
+    GQA 2: the contract's mask's pairs, one query head a KV head."""
+    from msa_codegen.bench import topk_pairs
+    g = torch.Generator().manual_seed(n)
+    nb = -(-n // block)
+    idx = torch.randint(-1, nb, (2, 3, nb, k), generator=g, dtype=torch.int32)
+    idx[..., -1] = idx[..., 0]
+    pattern = f"topk={k},block={block}"
+    mask = msa.mask(pattern, n, 6, "cpu", num_kv_heads=3, batch=2, block_indices=idx)
+    assert topk_pairs(idx, n, block) == int(mask[:, ::2].sum()) > 0
+
+
 def test_kernel_families_names_what_ran(monkeypatch):
     """The note of our rows says which family ran each direction: spied on the Gluon launchers,
     restored afterwards."""

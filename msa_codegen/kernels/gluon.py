@@ -579,7 +579,7 @@ def topk_rows(spec, block_indices: torch.Tensor, n: int) -> torch.Tensor:
 
 
 #: the template's tile orders (``_tile``'s ORDER)
-HEAD_MAJOR, BY_COST, PAIRS, LISTED = 0, 1, 2, 3
+HEAD_MAJOR, BY_COST, PAIRS, LISTED, GROUPED = 0, 1, 2, 3, 4
 #: the listed order's model (``tile_list``): a tile's prologue and epilogue cost about one key
 #: tile; its last TAIL_ROUNDS x G tiles are dealt costliest first. Above LIST_MAX_TILES tiles the
 #: closed orders run: building the list takes about 0.7 us a tile on our CPU (once per shape:
@@ -698,8 +698,9 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
 #: row does not set (no row: none) takes the heuristic's value: ``tile_order``, ``RING``,
 #: ``BWD_RING``.
 FIELDS = {"fwd": ("order", "stages"), "bwd": ("stages",)}
-ORDERS = (HEAD_MAJOR, BY_COST, PAIRS, LISTED)
-ORDER_NAMES = {HEAD_MAJOR: "head-major", BY_COST: "by cost", PAIRS: "pairs", LISTED: "listed"}
+ORDERS = (HEAD_MAJOR, BY_COST, PAIRS, LISTED, GROUPED)
+ORDER_NAMES = {HEAD_MAJOR: "head-major", BY_COST: "by cost", PAIRS: "pairs", LISTED: "listed",
+               GROUPED: "grouped"}
 #: ring depths whose kernels fit sm_90's 232,448 B of shared memory a block, by direction and head
 #: dim (``aot_compile`` / ``aot_compile_bwd`` for sm_90 on Triton 3.6, bf16, 2026-12-04): forward
 #: D=64 98,680 / 131,496 / 164,264 / 197,080 B at 2-5 slots, D=128 196,984 at 2 and 262,568 at
@@ -763,12 +764,14 @@ def config(plan, direction: str) -> tuple[dict, str]:
     return choice.config, choice.source
 
 
-def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> tuple[int, str | None]:
+def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int,
+              group_aligned: bool = True) -> tuple[int, str | None]:
     """(order, why the config's is not it) of one launch: the config's ``order`` where this shape
     can run it, else ``tile_order``'s. Pairs need an even number of query tiles a head; the list
-    is built for plans without documents or top-k, up to ``LIST_MAX_TILES`` tiles. A row is
-    tuned for one shape of its length bucket; other lengths of the bucket can lack what it
-    needs."""
+    is built for plans without documents or top-k, up to ``LIST_MAX_TILES`` tiles; grouped is
+    rendered for top-k plans only and needs the head group's first head and head count to be
+    multiples of the GQA group (``group_aligned``). A row is tuned for one shape of its length
+    bucket; other lengths of the bucket can lack what it needs."""
     want = cfg.get("order")
     if want is None:
         return tile_order(kplan, n_qb, n_bh, programs), None
@@ -779,6 +782,10 @@ def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int)
         why = "the list is built for plans without documents or top-k"
     elif want == LISTED and n_qb * n_bh > LIST_MAX_TILES:
         why = f"{n_qb * n_bh} tiles, above LIST_MAX_TILES ({LIST_MAX_TILES})"
+    elif want == GROUPED and not kplan.topk:
+        why = "grouped is the top-k plans' order"
+    elif want == GROUPED and not group_aligned:
+        why = "grouped needs the head group aligned to the GQA group"
     if why:
         return tile_order(kplan, n_qb, n_bh, programs), why
     return want, None
@@ -858,7 +865,7 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             table = topk_rows(grp.spec, block_indices, n)
             targs = (table, table.stride(0), table.stride(1))
         programs = min(sms, tiles)
-        order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs)
+        order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs, grp.h0 % group == 0 and hs % group == 0)
         tl = (_tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED
               else direct.unused_pointer(q.device))
         direct.launch(

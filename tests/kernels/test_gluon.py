@@ -156,6 +156,29 @@ def test_the_rendered_tile_order_covers_every_tile_once(order):
                     assert first[1:] == second[1:] and first[0] + second[0] == 128 * (n_qb - 1) and first[0] > second[0]
 
 
+def test_the_grouped_order_runs_a_kv_heads_query_heads_together():
+    """ORDER 4 (grouped, rendered for top-k plans): every (q0, b, h) once, and the programs of
+    one round take the GROUP query heads of one KV head and row consecutively (they read the same
+    selected K/V blocks), rows last first within a KV head. With GROUP 1 it is head-major."""
+    ns = _tiling("topk=4")
+    for n_qb, hs, h0, group, b, programs in ((5, 4, 4, 2, 2, 3), (3, 8, 0, 4, 1, 132), (4, 6, 6, 3, 2, 5),
+                                             (6, 3, 2, 1, 2, 4)):
+        got = _schedule(ns["_tile"], gluon.GROUPED, n_qb, hs, h0, group, b, programs)
+        assert sorted(got.values()) == sorted((q * 128, bi, h, h // group) for q in range(n_qb) for bi in range(b)
+                                              for h in range(h0, h0 + hs))
+        seq = [got[p, i] for i in range(n_qb * b * hs) for p in range(programs) if (p, i) in got]
+        for s in range(0, len(seq), group):
+            quad = seq[s:s + group]
+            assert [h for _, _, h, _ in quad] == [quad[0][3] * group + g for g in range(group)]
+            assert len({(q, bi, kv) for q, bi, _, kv in quad}) == 1
+        kv_rows = [q for q, *_ in seq[::group]][:n_qb]
+        assert kv_rows == [128 * r for r in range(n_qb - 1, -1, -1)]
+        if group == 1:
+            assert got == _schedule(ns["_tile"], gluon.HEAD_MAJOR, n_qb, hs, h0, group, b, programs)
+    # other plans do not render it: their kernels (and tuning rows' hashes) are unchanged
+    assert "ORDER == 4" not in gluon.render(_plan("window=4096")) and "ORDER == 4" in gluon.render(_plan("topk=4"))
+
+
 def test_the_tile_orders_balance_a_causal_dense_forward(monkeypatch):
     """The schedules of the causal dense forward (``gluon.tile_order``): at N=16384, H=16 on 132
     programs the most loaded program's key tiles (a tile of row r walks r + 1) are within 2% of

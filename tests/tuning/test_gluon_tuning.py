@@ -108,6 +108,12 @@ def test_an_order_a_shape_cannot_run_falls_back_and_says_why():
     assert order == gluon.HEAD_MAJOR and "documents or top-k" in why
     order, why = gluon.order_for({"order": gluon.LISTED}, window, 1024, 128, 132)
     assert order == gluon.tile_order(window, 1024, 128, 132) and "LIST_MAX_TILES" in why
+    topk = lower(parse("topk=16").groups[0].spec)
+    assert gluon.order_for({"order": gluon.GROUPED}, topk, 1024, 32, 132) == (gluon.GROUPED, None)
+    order, why = gluon.order_for({"order": gluon.GROUPED}, topk, 1024, 6, 132, group_aligned=False)
+    assert order == gluon.HEAD_MAJOR and "aligned to the GQA group" in why
+    order, why = gluon.order_for({"order": gluon.GROUPED}, window, 1024, 16, 132)
+    assert order == gluon.tile_order(window, 1024, 16, 132) and "top-k plans' order" in why
 
 
 def _problem(pattern, n, d=128, batch=1):
@@ -117,7 +123,9 @@ def _problem(pattern, n, d=128, batch=1):
 def test_the_tuner_space_and_what_it_leaves_out():
     assert gluon_search.space("fwd", 128) == [{"order": o, "stages": 2} for o in gluon.ORDERS]
     assert gluon_search.space("bwd", 128) == [{"stages": 2}]
-    assert len(gluon_search.space("fwd", 64)) == 4 * 4 and len(gluon_search.space("bwd", 64)) == 4
+    assert len(gluon_search.space("fwd", 64)) == 5 * 4 and len(gluon_search.space("bwd", 64)) == 4
+    # grouped is the top-k plans' order, which the tuner does not take (block_indices are data)
+    assert "top-k" in gluon_search.why_excluded("fwd", {"order": gluon.GROUPED, "stages": 2}, _problem(WINDOW, 131072))
     # pairs at an odd number of query tiles a head
     odd = _problem("causal", 16384 + 128)
     assert "even number" in gluon_search.why_excluded("fwd", {"order": gluon.PAIRS, "stages": 2}, odd)
