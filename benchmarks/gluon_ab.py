@@ -43,9 +43,10 @@ from msa_codegen.plan import plan_for
 #: (pattern, B, H, N, D[, documents' length]): 5 is the top-k form (causal, random block_indices,
 #: each query block's 16 blocks at or before its own), 6 the packed-documents form (cu_seqlens of
 #: equal documents, the last one shorter); the forward only (the variant's backward: no such rows)
-CASES = [("window=4096", 1, 16, 131072, 128), ("causal", 1, 16, 16384, 128), ("causal=false,window=512", 1, 16, 65536, 128),
-         ("window=4096,sink=64", 1, 16, 131072, 128), ("window=4096", 1, 32, 131072, 64),
-         ("topk=16", 1, 16, 131072, 128), ("window=4096", 1, 16, 131072, 128, 16000)]
+CASES = [("window=4096", 1, 16, 131072, 128), ("causal", 1, 16, 16384, 128),
+         ("causal=false,window=512", 1, 16, 65536, 128), ("window=4096,sink=64", 1, 16, 131072, 128),
+         ("window=4096", 1, 32, 131072, 64), ("topk=16", 1, 16, 131072, 128),
+         ("window=4096", 1, 16, 131072, 128, 16000)]
 CHECKS = [("window=256", 1000), ("causal", 1000)]
 #: --direction bwd: the checks' patterns (the Gluon backward's: windows without sink)
 BWD_CHECKS = [("window=256", 1000), ("causal=false,window=300", 1000)]
