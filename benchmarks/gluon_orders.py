@@ -7,13 +7,14 @@ dense forward, and the listed order).
 Per case (bf16; causal B=1 H=16 D=128 at N=4096-32768, B=4 N=8192, D=64 H=32 N=16384,
 bidirectional N=16384, and the windows `window=4096` N=131072 and `causal=false,window=512`
 N=65536; ``topk=16`` N=131072 with GQA 32/8, block_indices from ``select_blocks``): the Triton
-forward (``msa_codegen.attention`` with MSA_CODEGEN_GLUON=0) and ``kernels.gluon.forward`` in
-each order of the template's ``_tile`` (``gluon.HEAD_MAJOR``, ``BY_COST``, ``PAIRS``: the last two for causal dense plans, pairs with an even number of query
-tiles a head only; ``LISTED``, the host's list, for every case but top-k; ``GROUPED``, a KV
-head's query heads together on each row, for top-k), each checked against the Triton
-forward's o and LSE first, then timed in interleaved rounds (``triton.testing.do_bench``
-medians, the best round kept). Effective TFLOP/s count the visible pairs (4 * D * H * B *
-pairs). The order the launcher picks (a tuned row's, else ``gluon.tile_order``'s) is marked. One table last.
+forward (``msa_codegen.attention`` with MSA_CODEGEN_GLUON=0) and ``kernels.gluon.forward`` in each
+order of the template's ``_tile`` (``gluon.HEAD_MAJOR``, ``BY_COST``, ``PAIRS``: the last two for
+causal dense plans, pairs with an even number of query tiles a head only; ``LISTED``, the host's
+list, for every case but top-k; ``GROUPED``, a KV head's query heads together on each row, for
+top-k), each checked against the Triton forward's o and LSE first, then timed in interleaved
+rounds (``triton.testing.do_bench`` medians, the best round kept). Effective TFLOP/s count the
+visible pairs (4 * D * H * B * pairs). The order the launcher picks (a tuned row's, else
+``gluon.tile_order``'s) is marked. One table last.
 """
 from __future__ import annotations
 
