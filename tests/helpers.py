@@ -389,13 +389,38 @@ class _GlNumpy:
     load = staticmethod(_gl_load)
 
 
-def rendered_helpers(src: str, functions, constants, name: str = "<gluon tiling>") -> dict:
+class GlArray(np.ndarray):
+    """A register tensor of the rendered softmax: a NumPy array with Gluon's ``.to`` (a cast)."""
+    def to(self, dtype):
+        return self.astype(dtype).view(GlArray)
+
+
+def _gl_array(x):
+    return x.view(GlArray) if isinstance(x, np.ndarray) else x
+
+
+class GlNumpyTensors(_GlNumpy):
+    """``_GlNumpy`` plus the tensor builtins of the forward's ``_softmax`` (reductions along an
+    axis, exp2, layouts as no-ops); results stay ``GlArray`` so that ``.to`` works on them."""
+    where = staticmethod(lambda c, a, b: _gl_array(np.where(c, a, b)))
+    maximum = staticmethod(lambda a, b: _gl_array(np.maximum(a, b)))
+    expand_dims = staticmethod(lambda x, axis: _gl_array(np.expand_dims(x, axis)))
+    max = staticmethod(lambda x, axis: _gl_array(np.max(x, axis=axis)))
+    sum = staticmethod(lambda x, axis: _gl_array(np.sum(x, axis=axis)))
+    exp2 = staticmethod(lambda x: _gl_array(np.exp2(x)))
+    arange = staticmethod(lambda start, end, layout=None: np.arange(start, end))
+    SliceLayout = staticmethod(lambda dim, parent: None)
+    convert_layout = staticmethod(lambda x, layout: x)
+
+
+def rendered_helpers(src: str, functions, constants, name: str = "<gluon tiling>", gl=_GlNumpy) -> dict:
     """The named top-level functions and constant assignments of a rendered Gluon source,
-    executed as Python over NumPy (``gluon.jit`` a no-op): the schedule the GPU runs, on the CPU."""
+    executed as Python over NumPy (``gluon.jit`` a no-op): the schedule the GPU runs, on the CPU.
+    ``gl``: the builtins' stand-in (``GlNumpyTensors`` for the softmax's tensor code)."""
     tree = ast.parse(src)
     keep = [n for n in tree.body
             if (isinstance(n, ast.FunctionDef) and n.name in functions)
             or (isinstance(n, ast.Assign) and n.targets[0].id in constants)]
-    ns = {"gl": _GlNumpy, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
+    ns = {"gl": gl, "gluon": type("G", (), {"jit": staticmethod(lambda f: f)})}
     exec(compile(ast.Module(body=keep, type_ignores=[]), name, "exec"), ns)
     return ns

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from helpers import FLOOR, SASS_OF, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
-    make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
+from helpers import FLOOR, SASS_OF, GlArray, GlNumpyTensors, GlPointer as _Ptr, GlScalar as _I, chunked_reference, \
+    gluon_docs, lowp_attention, make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
@@ -274,6 +274,66 @@ def test_the_rendered_tiling_covers_the_mask_exactly(pattern, lengths):
     every row sees every key, masked by the rendered predicate elsewhere: their union is the
     pattern's mask, and no key past N is seen."""
     _check_tiling(pattern, lengths)
+
+
+SOFTMAX = [("window=300", (129, 1000)), ("causal", (700,)), ("causal=false,window=200", (1000,)),
+           ("window=100,sink=128", (700,)), ("causal=false,window=64,sink=600", (700,)), ("window=1", (300,))]
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "no-fold"])
+@pytest.mark.parametrize("pattern,lengths", SOFTMAX, ids=[p for p, _ in SOFTMAX])
+def test_the_rendered_softmax_matches_the_reference(pattern, lengths, fold):
+    """The consumers' online softmax as rendered (``_softmax`` over the key tiles ``_bounds`` and
+    ``_key_tile`` deal out, the masked ones through ``_visible``), run in float64 over NumPy with
+    the key loop's O update (O * factor + P V) and the epilogue's O / l and LSE, for both
+    consumers' rows: against the float64 softmax over the pattern's mask. Keys past N read TMA's
+    zeros; rows that see nothing in a tile, or nothing at all, are in the cases. A template edit
+    of the softmax is checked here on the CPU before a GPU runs it."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    ns = rendered_helpers(gluon.render(_plan(pattern)), ("_bounds", "_key_tile", "_visible", "_softmax"),
+                          ("WINDOW", "SINK", "SLOTS"), gl=GlNumpyTensors)
+    bm = bn = 2 * gluon.BLOCK_MC
+    bmc, d = gluon.BLOCK_MC, 16
+    rng = np.random.default_rng(len(pattern) + 7 * fold)
+    for n in lengths:
+        q = rng.standard_normal((n, d)) * 2
+        k, v = np.zeros((n + bn, d)), np.zeros((n + bn, d))   # rows past N: TMA's zeros
+        k[:n], v[:n] = rng.standard_normal((n, d)) * 2, rng.standard_normal((n, d))
+        scale = d ** -0.5
+        qk_scale = scale * 1.4426950408889634
+        s_all = np.zeros((n + bm, n + bn))
+        s_all[:n] = q @ k.T
+        want = msa.mask(pattern, n)[0].numpy()
+        for q0 in range(0, n, bm):
+            n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, bm, bn))
+            for row_off in (0, bmc):
+                rows = np.arange(q0 + row_off, q0 + row_off + bmc)
+                m_i, l_i = np.full(bmc, -np.inf).view(GlArray), np.zeros(bmc).view(GlArray)
+                o = np.zeros((bmc, d))
+                for c in range(n_sink + kb_hi - kb_lo):
+                    kb, masked = ns["_key_tile"](c, n_sink, kb_lo, full_lo, full_hi, bn)
+                    keys = np.arange(int(kb) * bn, int(kb) * bn + bn)
+                    s_acc = s_all[rows][:, keys].view(GlArray)   # raw q.k: the softmax scales it
+                    p, alpha, m_i, l_i = ns["_softmax"](s_acc, q0, int(kb), masked, m_i, l_i, qk_scale, n, row_off, bmc,
+                                                         bn, None, None, np.float64, fold)
+                    o = o * np.asarray(alpha)[:, None] + np.asarray(p) @ v[keys]
+                l, m = np.asarray(l_i), np.asarray(m_i)
+                with np.errstate(divide="ignore"):
+                    out = np.where(l[:, None] > 0, o / np.where(l > 0, l, 1)[:, None], 0.0)
+                    lse = np.where(l > 0, (m + np.log2(np.where(l > 0, l, 1))) * np.log(2), -np.inf)
+                for r in range(bmc):
+                    i = rows[r]
+                    if i >= n:
+                        continue   # computed, never stored
+                    vis = want[i]
+                    if not vis.any():
+                        assert lse[r] == -np.inf and not out[r].any(), (pattern, n, i)
+                        continue
+                    logits = scale * s_all[i, :n][vis]
+                    ref_lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+                    ref = np.exp(logits - ref_lse) @ v[:n][vis]
+                    assert abs(lse[r] - ref_lse) < 1e-10 and np.abs(out[r] - ref).max() < 1e-10, (pattern, n, i)
 
 
 def test_the_rendered_tiling_of_random_patterns():
