@@ -276,13 +276,16 @@ def test_the_rendered_tiling_covers_the_mask_exactly(pattern, lengths):
     _check_tiling(pattern, lengths)
 
 
-SOFTMAX = [("window=300", (129, 1000)), ("causal", (700,)), ("causal=false,window=200", (1000,)),
-           ("window=100,sink=128", (700,)), ("causal=false,window=64,sink=600", (700,)), ("window=1", (300,))]
+SOFTMAX = [("window=300", (129, 1000), False), ("causal", (700,), False), ("causal=false,window=200", (1000,), False),
+           ("window=100,sink=128", (700,), False), ("causal=false,window=64,sink=600", (700,), False),
+           ("window=1", (300,), False), ("window=300", (1000,), True), ("causal", (700,), True),
+           ("causal=false,window=100", (700,), True)]
 
 
 @pytest.mark.parametrize("fold", [True, False], ids=["fold", "no-fold"])
-@pytest.mark.parametrize("pattern,lengths", SOFTMAX, ids=[p for p, _ in SOFTMAX])
-def test_the_rendered_softmax_matches_the_reference(pattern, lengths, fold):
+@pytest.mark.parametrize("pattern,lengths,documents", SOFTMAX,
+                         ids=[p + (" documents" if docs else "") for p, _, docs in SOFTMAX])
+def test_the_rendered_softmax_matches_the_reference(pattern, lengths, documents, fold):
     """The consumers' online softmax as rendered (``_softmax`` over the key tiles ``_bounds`` and
     ``_key_tile`` deal out, the masked ones through ``_visible``), run in float64 over NumPy with
     the key loop's O update (O * factor + P V) and the epilogue's O / l and LSE, for both
@@ -291,7 +294,7 @@ def test_the_rendered_softmax_matches_the_reference(pattern, lengths, fold):
     of the softmax is checked here on the CPU before a GPU runs it."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
-    ns = rendered_helpers(gluon.render(_plan(pattern)), ("_bounds", "_key_tile", "_visible", "_softmax"),
+    ns = rendered_helpers(gluon.render(_plan(pattern, documents)), ("_bounds", "_key_tile", "_visible", "_softmax"),
                           ("WINDOW", "SINK", "SLOTS"), gl=GlNumpyTensors)
     bm = bn = 2 * gluon.BLOCK_MC
     bmc, d = gluon.BLOCK_MC, 16
@@ -304,9 +307,12 @@ def test_the_rendered_softmax_matches_the_reference(pattern, lengths, fold):
         qk_scale = scale * 1.4426950408889634
         s_all = np.zeros((n + bm, n + bn))
         s_all[:n] = q @ k.T
-        want = msa.mask(pattern, n)[0].numpy()
+        want, doc = msa.mask(pattern, n)[0].numpy(), ()
+        if documents:   # packed documents of random lengths (some of one row)
+            _, flat, want = gluon_docs(pattern, n, random.Random(n), 90)
+            doc = (_Ptr(flat),)
         for q0 in range(0, n, bm):
-            n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, bm, bn))
+            n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, *doc, bm, bn))
             for row_off in (0, bmc):
                 rows = np.arange(q0 + row_off, q0 + row_off + bmc)
                 m_i, l_i = np.full(bmc, -np.inf).view(GlArray), np.zeros(bmc).view(GlArray)
@@ -315,8 +321,8 @@ def test_the_rendered_softmax_matches_the_reference(pattern, lengths, fold):
                     kb, masked = ns["_key_tile"](c, n_sink, kb_lo, full_lo, full_hi, bn)
                     keys = np.arange(int(kb) * bn, int(kb) * bn + bn)
                     s_acc = s_all[rows][:, keys].view(GlArray)   # raw q.k: the softmax scales it
-                    p, alpha, m_i, l_i = ns["_softmax"](s_acc, q0, int(kb), masked, m_i, l_i, qk_scale, n, row_off, bmc,
-                                                         bn, None, None, np.float64, fold)
+                    p, alpha, m_i, l_i = ns["_softmax"](s_acc, q0, int(kb), masked, m_i, l_i, qk_scale, n, *doc, row_off,
+                                                         bmc, bn, None, None, np.float64, fold)
                     o = o * np.asarray(alpha)[:, None] + np.asarray(p) @ v[keys]
                 l, m = np.asarray(l_i), np.asarray(m_i)
                 with np.errstate(divide="ignore"):
