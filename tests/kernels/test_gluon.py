@@ -453,6 +453,61 @@ def test_the_rendered_topk_tiling_covers_the_mask_exactly(pattern, lengths):
                                                                   np.argwhere(got[:, :n] != want[bi, kh])[:5], seed)
 
 
+@pytest.mark.parametrize("pattern,n", [("topk=3", 1000), ("causal=false,topk=2", 700), ("topk=1", 300)])
+def test_the_rendered_topk_softmax_matches_the_reference(pattern, n):
+    """As ``test_the_rendered_softmax_matches_the_reference``, for a top-k plan: the key tiles of
+    a query tile's row of the compacted table (random ids, -1 slots, repeats, later blocks, one
+    all-empty row, whose one stand-in tile is fully masked), through the rendered ``_softmax``,
+    against the softmax over the pattern's mask for the same block_indices."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    ns = rendered_helpers(gluon.render(_plan(pattern)), ("_table_row", "_key_tile", "_visible", "_softmax"),
+                          ("WINDOW", "SINK", "SLOTS"), gl=GlNumpyTensors)
+    bm = bn = 2 * gluon.BLOCK_MC
+    bmc, d = gluon.BLOCK_MC, 16
+    spec = parse(pattern).groups[0].spec
+    rng = np.random.default_rng(n)
+    idx = topk_inputs(pattern)(1, 1, 1, n, n, random.Random(n))["block_indices"]
+    idx[0, 0, -1] = -1   # the last query block: nothing selected
+    want = msa.mask(pattern, n, 1, "cpu", num_kv_heads=1, batch=1, block_indices=idx)[0, 0].numpy()
+    table = gluon.topk_rows(spec, idx, n).numpy()
+    flat = table.reshape(-1)
+    q = rng.standard_normal((n, d)) * 2
+    k, v = np.zeros((n + bn, d)), np.zeros((n + bn, d))
+    k[:n], v[:n] = rng.standard_normal((n, d)) * 2, rng.standard_normal((n, d))
+    scale = d ** -0.5
+    s_all = np.zeros((n + bm, n + bn))
+    s_all[:n] = q @ k.T
+    for q0 in range(0, n, bm):
+        row, n_valid = ns["_table_row"](_I(q0), _I(0), _I(0), _Ptr(flat), table.strides[0] // 4, table.strides[1] // 4,
+                                        bm)
+        for row_off in (0, bmc):
+            rows = np.arange(q0 + row_off, q0 + row_off + bmc)
+            m_i, l_i = np.full(bmc, -np.inf).view(GlArray), np.zeros(bmc).view(GlArray)
+            o = np.zeros((bmc, d))
+            for c in range(max(int(n_valid), 1)):
+                kb, masked = ns["_key_tile"](c, row, n_valid, q0, n, bn)
+                keys = np.clip(np.arange(int(kb) * bn, int(kb) * bn + bn), 0, None)   # the stand-in: any keys
+                p, alpha, m_i, l_i = ns["_softmax"](s_all[rows][:, keys].view(GlArray), q0, int(kb), masked, m_i, l_i,
+                                                     scale * 1.4426950408889634, n, row_off, bmc, bn, None, None,
+                                                     np.float64, True)
+                o = o * np.asarray(alpha)[:, None] + np.asarray(p) @ v[keys]
+            l, m = np.asarray(l_i), np.asarray(m_i)
+            for r in range(bmc):
+                i = rows[r]
+                if i >= n:
+                    continue
+                vis = want[i]
+                if not vis.any():
+                    assert l[r] == 0 and not o[r].any(), (pattern, n, i)
+                    continue
+                logits = scale * s_all[i, :n][vis]
+                ref_lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+                lse = (m[r] + np.log2(l[r])) * np.log(2)
+                assert abs(lse - ref_lse) < 1e-10, (pattern, n, i)
+                assert np.abs(o[r] / l[r] - np.exp(logits - ref_lse) @ v[:n][vis]).max() < 1e-10, (pattern, n, i)
+
+
 # ---- CPU: eligibility -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("pattern", ELIGIBLE)
