@@ -282,6 +282,48 @@ SOFTMAX = [("window=300", (129, 1000), False), ("causal", (700,), False), ("caus
            ("causal=false,window=100", (700,), True)]
 
 
+def _softmax_inputs(n, d, rng):
+    """(raw scores q.k [n + 128 rows, n + 128 keys], V [n + 128, d], scale) of a rendered-softmax
+    case: rows and keys past N are TMA's zeros."""
+    bn = 2 * gluon.BLOCK_MC
+    q = rng.standard_normal((n, d)) * 2
+    k, v = np.zeros((n + bn, d)), np.zeros((n + bn, d))
+    k[:n], v[:n] = rng.standard_normal((n, d)) * 2, rng.standard_normal((n, d))
+    s_all = np.zeros((n + bn, n + bn))
+    s_all[:n] = q @ k.T
+    return s_all, v, d ** -0.5
+
+
+def _check_rendered_softmax(ns, tiles, s_all, v, scale, q0, row_off, n, doc, fold, want, note):
+    """One consumer's rows of a query tile through the rendered ``_softmax`` over ``tiles`` (its
+    (kb, masked) key tiles; kb -1: a stand-in whose keys are all masked), with the key loop's O
+    update (O * factor + P V), in float64: O / l and LSE = (m + log2 l) ln 2 against the softmax
+    over ``want``'s row (rows past N are computed, never stored); a row that sees nothing has
+    l = 0 and O = 0."""
+    bmc = gluon.BLOCK_MC
+    rows = np.arange(q0 + row_off, q0 + row_off + bmc)
+    m_i, l_i = np.full(bmc, -np.inf).view(GlArray), np.zeros(bmc).view(GlArray)
+    o = np.zeros((bmc, v.shape[1]))
+    for kb, masked in tiles:
+        keys = np.clip(np.arange(kb * 2 * bmc, (kb + 1) * 2 * bmc), 0, None)
+        s_acc = s_all[rows][:, keys].view(GlArray)   # raw q.k: the softmax scales it
+        p, alpha, m_i, l_i = ns["_softmax"](s_acc, q0, kb, masked, m_i, l_i, scale * 1.4426950408889634, n, *doc,
+                                             row_off, bmc, 2 * bmc, None, None, np.float64, fold)
+        o = o * np.asarray(alpha)[:, None] + np.asarray(p) @ v[keys]
+    l, m = np.asarray(l_i), np.asarray(m_i)
+    for r, i in enumerate(rows):
+        if i >= n:
+            continue
+        vis = want[i]
+        if not vis.any():
+            assert l[r] == 0 and not o[r].any(), (note, n, i)
+            continue
+        logits = scale * s_all[i, :n][vis]
+        ref_lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+        assert abs((m[r] + np.log2(l[r])) * np.log(2) - ref_lse) < 1e-10, (note, n, i)
+        assert np.abs(o[r] / l[r] - np.exp(logits - ref_lse) @ v[:n][vis]).max() < 1e-10, (note, n, i)
+
+
 @pytest.mark.parametrize("fold", [True, False], ids=["fold", "no-fold"])
 @pytest.mark.parametrize("pattern,lengths,documents", SOFTMAX,
                          ids=[p + (" documents" if docs else "") for p, _, docs in SOFTMAX])
@@ -297,49 +339,19 @@ def test_the_rendered_softmax_matches_the_reference(pattern, lengths, documents,
     ns = rendered_helpers(gluon.render(_plan(pattern, documents)), ("_bounds", "_key_tile", "_visible", "_softmax"),
                           ("WINDOW", "SINK", "SLOTS"), gl=GlNumpyTensors)
     bm = bn = 2 * gluon.BLOCK_MC
-    bmc, d = gluon.BLOCK_MC, 16
     rng = np.random.default_rng(len(pattern) + 7 * fold)
     for n in lengths:
-        q = rng.standard_normal((n, d)) * 2
-        k, v = np.zeros((n + bn, d)), np.zeros((n + bn, d))   # rows past N: TMA's zeros
-        k[:n], v[:n] = rng.standard_normal((n, d)) * 2, rng.standard_normal((n, d))
-        scale = d ** -0.5
-        qk_scale = scale * 1.4426950408889634
-        s_all = np.zeros((n + bm, n + bn))
-        s_all[:n] = q @ k.T
+        s_all, v, scale = _softmax_inputs(n, 16, rng)
         want, doc = msa.mask(pattern, n)[0].numpy(), ()
         if documents:   # packed documents of random lengths (some of one row)
             _, flat, want = gluon_docs(pattern, n, random.Random(n), 90)
             doc = (_Ptr(flat),)
         for q0 in range(0, n, bm):
             n_sink, kb_lo, kb_hi, full_lo, full_hi = (int(x) for x in ns["_bounds"](q0, n, *doc, bm, bn))
-            for row_off in (0, bmc):
-                rows = np.arange(q0 + row_off, q0 + row_off + bmc)
-                m_i, l_i = np.full(bmc, -np.inf).view(GlArray), np.zeros(bmc).view(GlArray)
-                o = np.zeros((bmc, d))
-                for c in range(n_sink + kb_hi - kb_lo):
-                    kb, masked = ns["_key_tile"](c, n_sink, kb_lo, full_lo, full_hi, bn)
-                    keys = np.arange(int(kb) * bn, int(kb) * bn + bn)
-                    s_acc = s_all[rows][:, keys].view(GlArray)   # raw q.k: the softmax scales it
-                    p, alpha, m_i, l_i = ns["_softmax"](s_acc, q0, int(kb), masked, m_i, l_i, qk_scale, n, *doc, row_off,
-                                                         bmc, bn, None, None, np.float64, fold)
-                    o = o * np.asarray(alpha)[:, None] + np.asarray(p) @ v[keys]
-                l, m = np.asarray(l_i), np.asarray(m_i)
-                with np.errstate(divide="ignore"):
-                    out = np.where(l[:, None] > 0, o / np.where(l > 0, l, 1)[:, None], 0.0)
-                    lse = np.where(l > 0, (m + np.log2(np.where(l > 0, l, 1))) * np.log(2), -np.inf)
-                for r in range(bmc):
-                    i = rows[r]
-                    if i >= n:
-                        continue   # computed, never stored
-                    vis = want[i]
-                    if not vis.any():
-                        assert lse[r] == -np.inf and not out[r].any(), (pattern, n, i)
-                        continue
-                    logits = scale * s_all[i, :n][vis]
-                    ref_lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
-                    ref = np.exp(logits - ref_lse) @ v[:n][vis]
-                    assert abs(lse[r] - ref_lse) < 1e-10 and np.abs(out[r] - ref).max() < 1e-10, (pattern, n, i)
+            tiles = [(int(kb), masked) for kb, masked in (ns["_key_tile"](c, n_sink, kb_lo, full_lo, full_hi, bn)
+                                                          for c in range(n_sink + kb_hi - kb_lo))]
+            for row_off in (0, gluon.BLOCK_MC):
+                _check_rendered_softmax(ns, tiles, s_all, v, scale, q0, row_off, n, doc, fold, want, pattern)
 
 
 def test_the_rendered_tiling_of_random_patterns():
@@ -464,48 +476,20 @@ def test_the_rendered_topk_softmax_matches_the_reference(pattern, n):
     ns = rendered_helpers(gluon.render(_plan(pattern)), ("_table_row", "_key_tile", "_visible", "_softmax"),
                           ("WINDOW", "SINK", "SLOTS"), gl=GlNumpyTensors)
     bm = bn = 2 * gluon.BLOCK_MC
-    bmc, d = gluon.BLOCK_MC, 16
     spec = parse(pattern).groups[0].spec
-    rng = np.random.default_rng(n)
     idx = topk_inputs(pattern)(1, 1, 1, n, n, random.Random(n))["block_indices"]
     idx[0, 0, -1] = -1   # the last query block: nothing selected
     want = msa.mask(pattern, n, 1, "cpu", num_kv_heads=1, batch=1, block_indices=idx)[0, 0].numpy()
     table = gluon.topk_rows(spec, idx, n).numpy()
     flat = table.reshape(-1)
-    q = rng.standard_normal((n, d)) * 2
-    k, v = np.zeros((n + bn, d)), np.zeros((n + bn, d))
-    k[:n], v[:n] = rng.standard_normal((n, d)) * 2, rng.standard_normal((n, d))
-    scale = d ** -0.5
-    s_all = np.zeros((n + bm, n + bn))
-    s_all[:n] = q @ k.T
+    s_all, v, scale = _softmax_inputs(n, 16, np.random.default_rng(n))
     for q0 in range(0, n, bm):
         row, n_valid = ns["_table_row"](_I(q0), _I(0), _I(0), _Ptr(flat), table.strides[0] // 4, table.strides[1] // 4,
                                         bm)
-        for row_off in (0, bmc):
-            rows = np.arange(q0 + row_off, q0 + row_off + bmc)
-            m_i, l_i = np.full(bmc, -np.inf).view(GlArray), np.zeros(bmc).view(GlArray)
-            o = np.zeros((bmc, d))
-            for c in range(max(int(n_valid), 1)):
-                kb, masked = ns["_key_tile"](c, row, n_valid, q0, n, bn)
-                keys = np.clip(np.arange(int(kb) * bn, int(kb) * bn + bn), 0, None)   # the stand-in: any keys
-                p, alpha, m_i, l_i = ns["_softmax"](s_all[rows][:, keys].view(GlArray), q0, int(kb), masked, m_i, l_i,
-                                                     scale * 1.4426950408889634, n, row_off, bmc, bn, None, None,
-                                                     np.float64, True)
-                o = o * np.asarray(alpha)[:, None] + np.asarray(p) @ v[keys]
-            l, m = np.asarray(l_i), np.asarray(m_i)
-            for r in range(bmc):
-                i = rows[r]
-                if i >= n:
-                    continue
-                vis = want[i]
-                if not vis.any():
-                    assert l[r] == 0 and not o[r].any(), (pattern, n, i)
-                    continue
-                logits = scale * s_all[i, :n][vis]
-                ref_lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
-                lse = (m[r] + np.log2(l[r])) * np.log(2)
-                assert abs(lse - ref_lse) < 1e-10, (pattern, n, i)
-                assert np.abs(o[r] / l[r] - np.exp(logits - ref_lse) @ v[:n][vis]).max() < 1e-10, (pattern, n, i)
+        tiles = [(int(kb), masked) for kb, masked in (ns["_key_tile"](c, row, n_valid, q0, n, bn)
+                                                      for c in range(max(int(n_valid), 1)))]
+        for row_off in (0, gluon.BLOCK_MC):
+            _check_rendered_softmax(ns, tiles, s_all, v, scale, q0, row_off, n, (), True, want, pattern)
 
 
 # ---- CPU: eligibility -------------------------------------------------------------------------
