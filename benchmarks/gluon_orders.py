@@ -33,7 +33,7 @@ CASES = [("causal", 1, 16, 16384, 128), ("causal", 1, 16, 4096, 128), ("causal",
          ("causal", 1, 16, 32768, 128), ("causal", 4, 16, 8192, 128), ("causal", 1, 32, 16384, 64),
          ("causal=false", 1, 16, 16384, 128), ("window=4096", 1, 16, 131072, 128),
          ("causal=false,window=512", 1, 16, 65536, 128), ("topk=16", 1, 32, 131072, 128, 8)]
-NAMES = dict(gluon.ORDER_NAMES)
+NAMES = gluon.ORDER_NAMES
 
 
 def run_case(pattern: str, b: int, h: int, n: int, d: int, hkv: int | None = None, *, rep: int, rounds: int) -> dict:
