@@ -134,7 +134,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             the Gluon family's fused backward (Hopper, the plans whose backward runs there),
             which adds dQ up by TMA reductions in a varying order into an fp32 copy (4 more
             bytes of peak memory per element of q; 0.87x the two-kernel backward's time at
-            ``window=4096``, N=131072, D=128; docs/performance.md); every
+            ``window=4096``, N=131072, D=128; benchmarks/NOTES.md); every
             other backward is deterministic either way. An msa=T term's backward is not
             governed by it (its dQ is added by atomics).
         autotune: when no tuned row of this GPU and length bucket exists for the call's key, tune
@@ -231,7 +231,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     if _one_document(cu_seqlens, q_pos, q_bucket):
         # cu_seqlens = [0, N] is the plain pattern's mask: checked as any cu_seqlens (errors and
         # the once-per-version syncs alike), then run by the plain kernels, which took 0.87x the
-        # positional ones' time on the H200 (docs/performance.md)
+        # positional ones' time on the H200 (benchmarks/NOTES.md, 2026-12-02)
         prepare(parse(pattern).head_groups(hq), b, hq, hkv, nq, nk, q.device, **run_time)
         run_time["cu_seqlens"] = None
         positional = segments = classes = False

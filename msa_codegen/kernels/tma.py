@@ -42,8 +42,8 @@ def use_positional_descriptors(enabled: bool):
     """Inside the block, the positional kernels (run-time positions or segments) stream their
     K/V (forward, dq) and Q/dO (dk/dv) through tensor descriptors over each loop call's rows
     where ``use_tma`` allows, if ``enabled``, else through pointer loads. On by default (the
-    H200's document rows: forward 0.89x, forward+backward 0.93x the pointer loads' time,
-    docs/performance.md); ``MSA_CODEGEN_POSITIONAL_TMA=0`` turns it off for a process."""
+    H200's 13-document rows: forward 0.89x, forward+backward 0.93x the pointer loads' time,
+    2026-12-02, benchmarks/NOTES.md); ``MSA_CODEGEN_POSITIONAL_TMA=0`` turns it off for a process."""
     global _positional
     previous, _positional = _positional, bool(enabled)
     try:
@@ -122,7 +122,7 @@ def descriptor_fault(bwd: BwdConfig) -> str | None:
 
     dk/dv with 16-row query blocks and 4 pipeline stages stopped the H200 with "CUDA error:
     misaligned address" (a sticky error: the process's CUDA context is lost), while 16 rows with
-    1-2 stages and 32 rows with 3-4 stages ran (H200, 2026-12-01; docs/performance.md). The cause,
+    1-2 stages and 32 rows with 3-4 stages ran (H200, 2026-12-01; commit 30de50e). The cause,
     read from Triton 3.6's TTGIR: from 3 stages on, the LSE2 and delta tiles of the unmasked loop
     get num_stages - 1 shared-memory slots packed at their size, BLOCK_M1 * 4 bytes, and a TMA
     destination must be 128-byte aligned, so a 64-byte slot puts the next one off. The launcher
