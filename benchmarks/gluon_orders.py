@@ -55,7 +55,7 @@ def run_case(pattern: str, b: int, h: int, n: int, d: int, hkv: int | None = Non
     orders.append(gluon.GROUPED if spec.topk else gluon.LISTED)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     picked, _ = gluon.order_for(gluon.config(plan, "fwd")[0], plan.groups[0].kernel_plan, n_qb, b * h,
-                                min(sms, b * h * n_qb))   # a tuned row's order, else tile_order's
+                                min(sms, b * h * n_qb), group=h // hkv)   # a tuned row's order, else tile_order's
     row = dict(case=f"{pattern} B={b} H={h}/{hkv} N={n} D={d}", picked=NAMES[picked], ms={}, check={})
     fns = {"triton": lambda: msa.attention(q, k, v, pattern, **extra)}
 

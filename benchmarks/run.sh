@@ -46,8 +46,9 @@
 #              the tree's, one process; ARGS e.g. --variant old=/tmp/old.jinja --cases 0,1
 #              (--direction bwd: the backward's template, fused forms beside the two kernels)
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
-#              backward through attention(deterministic=False / True), one process; ARGS e.g.
-#              docs-w4096,topk16-gqa,gqa-w4096
+#              backward through attention(deterministic=False / True), one process, and for
+#              msa-bench's plain cases the Triton family's too; ARGS e.g.
+#              docs-w4096,topk16-gqa,gqa-w4096,enc-w256-4k
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs, listed) against the Triton forward, dense patterns and windows, one
 #              process; ARGS e.g. --cases 0,7

@@ -659,11 +659,18 @@ def _tile_list_on(kplan: KernelPlan, n: int, n_bh: int, programs: int, device: t
     return tile_list(kplan, n, n_bh, programs).to(device)
 
 
-def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
+def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int, group: int = 1) -> int:
     """The order the forward deals its n_bh x n_qb tiles to its programs (the template's
-    ``_tile``): head-major, except for causal dense plans (no window, documents or top-k), whose
-    query tiles cost in proportion to their row. There pairs of rows (r, n_qb - 1 - r) of one
-    head when n_qb is even, else by cost where head-major would be unbalanced
+    ``_tile``): head-major, except for top-k plans with GQA and for causal dense plans (no
+    window, documents or top-k), whose query tiles cost in proportion to their row.
+
+    Top-k with GQA (``group``: the GQA group when the head group is aligned to it, else 1):
+    grouped, a KV head's query heads consecutive on each row, so that one round's programs load
+    a selection's K/V blocks together. H200, Triton 3.6, bf16, 2026-12-05 03:25 UTC, ``python
+    benchmarks/gluon_orders.py --cases 9`` (``topk=16``, GQA 32/8, N=131072, D=128,
+    ``select_blocks``' indices): grouped 7.320 ms, head-major 7.969, the Triton forward 10.378.
+
+    Causal dense plans: pairs of rows (r, n_qb - 1 - r) of one head when n_qb is even, else by cost where head-major would be unbalanced
     (``LPT_IMBALANCE``; with 132 programs over heads of 128 tiles, N=16384, head-major gives
     the first programs the longest row of every head). H200, Triton 3.6, bf16, 2026-12-04
     07:39 UTC, one process, forward ms, head-major / by cost / pairs (Triton's forward): B=1
@@ -680,6 +687,8 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int) -> int:
     the mean; pairs 1.031 -> 1.003 at N=16384 did not pay), so the others keep the closed
     orders. With a sink the consumers spill at D=128 under the list (sm_90, Triton 3.6: the
     loop's end, one STL and one LDL a tile)."""
+    if kplan.topk:
+        return GROUPED if group > 1 else HEAD_MAJOR
     if (kplan.causal and kplan.has_window and not (kplan.documents or kplan.topk or kplan.sink)
             and n_qb * n_bh <= LIST_MAX_TILES):
         return LISTED
@@ -765,16 +774,17 @@ def config(plan, direction: str) -> tuple[dict, str]:
 
 
 def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int,
-              group_aligned: bool = True) -> tuple[int, str | None]:
+              group_aligned: bool = True, group: int = 1) -> tuple[int, str | None]:
     """(order, why the config's is not it) of one launch: the config's ``order`` where this shape
-    can run it, else ``tile_order``'s. Pairs need an even number of query tiles a head; the list
+    can run it, else ``tile_order``'s (``group``: the call's GQA group). Pairs need an even number of query tiles a head; the list
     is built for plans without documents or top-k, up to ``LIST_MAX_TILES`` tiles; grouped is
     rendered for top-k plans only and needs the head group's first head and head count to be
     multiples of the GQA group (``group_aligned``). A row is tuned for one shape of its length
     bucket; other lengths of the bucket can lack what it needs."""
     want = cfg.get("order")
+    default = tile_order(kplan, n_qb, n_bh, programs, group if group_aligned else 1)
     if want is None:
-        return tile_order(kplan, n_qb, n_bh, programs), None
+        return default, None
     why = None
     if want == PAIRS and n_qb % 2:
         why = f"pairs need an even number of query tiles a head ({n_qb})"
@@ -787,7 +797,7 @@ def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int,
     elif want == GROUPED and not group_aligned:
         why = "grouped needs the head group aligned to the GQA group"
     if why:
-        return tile_order(kplan, n_qb, n_bh, programs), why
+        return default, why
     return want, None
 
 
@@ -865,7 +875,8 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             table = topk_rows(grp.spec, block_indices, n)
             targs = (table, table.stride(0), table.stride(1))
         programs = min(sms, tiles)
-        order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs, grp.h0 % group == 0 and hs % group == 0)
+        order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs, grp.h0 % group == 0 and hs % group == 0,
+                             group)
         tl = (_tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED
               else direct.unused_pointer(q.device))
         direct.launch(

@@ -194,6 +194,11 @@ def test_the_tile_orders_balance_a_causal_dense_forward(monkeypatch):
     assert gluon.tile_order(causal, 65, 64, 132) == gluon.HEAD_MAJOR
     for other in (_plan("window=4096"), _plan("causal=false"), _plan("causal", True), _plan("topk=4")):
         assert gluon.tile_order(other, 128, 16, 132) == gluon.HEAD_MAJOR
+    # top-k with GQA: a KV head's query heads together (grouped), whatever the causality
+    for topk in (_plan("topk=4"), _plan("causal=false,topk=4")):
+        assert gluon.tile_order(topk, 128, 16, 132, group=4) == gluon.GROUPED
+        assert gluon.tile_order(topk, 128, 16, 132, group=1) == gluon.HEAD_MAJOR
+    assert gluon.tile_order(_plan("window=4096"), 1024, 16, 132, group=4) == gluon.HEAD_MAJOR   # no list here
     ns = _tiling("causal")
     for n_qb, hs, programs, bounds in ((128, 16, 132, (1.5, 1.02, 1.04)), (64, 64, 132, (1.1, 1.1, 1.04)),
                                        (34, 5, 20, (1.2, 1.1, 1.2))):
@@ -822,8 +827,10 @@ def test_gpu_forward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
 
 
 # top-k: random ids with -1 slots, repeats and (causal) later blocks, one query block selecting nothing
+# (GQA groups 4, 2 and 3 take the grouped tile order)
 TOPK_CASES = [("topk=16", 4096 + 37, 128, 4, 1, BF), ("topk=3", 1000, 64, 16, 16, FP),
-              ("causal=false,topk=5", 4096 + 37, 128, 4, 2, BF), ("causal=false,topk=2", 1000, 64, 2, 1, FP)]
+              ("causal=false,topk=5", 4096 + 37, 128, 4, 2, BF), ("causal=false,topk=2", 1000, 64, 2, 1, FP),
+              ("topk=7", 2000 + 11, 64, 6, 2, FP)]
 
 
 def _topk_case(pattern, n, d, hq, hkv, dtype, b=1):

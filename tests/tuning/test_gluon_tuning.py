@@ -114,6 +114,13 @@ def test_an_order_a_shape_cannot_run_falls_back_and_says_why():
     assert order == gluon.HEAD_MAJOR and "aligned to the GQA group" in why
     order, why = gluon.order_for({"order": gluon.GROUPED}, window, 1024, 16, 132)
     assert order == gluon.tile_order(window, 1024, 16, 132) and "top-k plans' order" in why
+    # no row: top-k with GQA takes grouped where the head group is aligned, else head-major (as MHA)
+    assert gluon.order_for({}, topk, 1024, 32, 132, group=4) == (gluon.GROUPED, None)
+    assert gluon.order_for({}, topk, 1024, 6, 132, group_aligned=False, group=4) == (gluon.HEAD_MAJOR, None)
+    assert gluon.order_for({}, topk, 1024, 32, 132) == (gluon.HEAD_MAJOR, None)
+    # a row's order the shape cannot run falls back to that same default
+    order, why = gluon.order_for({"order": gluon.LISTED}, topk, 1024, 32, 132, group=4)
+    assert order == gluon.GROUPED and "documents or top-k" in why
 
 
 def _problem(pattern, n, d=128, batch=1):
