@@ -140,10 +140,11 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
     passed its GPU tests. Measured against the Triton family (H200, N=131072, H=16, D=128,
     benchmarks/NOTES.md): top-k 0.75x its time, forward and forward+backward (2026-12-03);
     documents of 1k-16k, ``window=4096``, 0.72-0.75x / 0.73-0.74x (two runs, 2026-12-04), dense
-    causal 0.89x / 0.79x. Plain windows are faster in Gluon on the long msa-bench rows
-    (forward 0.85x, forward + backward 0.91x for ``window=4096``) but stay opt-in: on the short
-    encoder rows (B=8, N=4096-8192, D=64) three of four ran slower forward + backward, up to 2.2x
-    (docs/performance.md). Short packed-document calls take the Triton backward
+    causal 0.89x / 0.79x. Plain windows are faster in Gluon (``window=4096`` forward 0.85x,
+    forward + backward 0.91x; the short encoder rows, B=8, N=4096-8192, D=64, 0.83-0.85x forward +
+    backward, 2026-12-05, benchmarks/NOTES.md) but stay opt-in: their default backward would be
+    the fused one (not deterministic), whose fp32 dQ copy takes the peak memory from about 1.2x
+    to 1.45x the call's tensors. Short packed-document calls take the Triton backward
     (``DOCS_BWD_MIN_N``). Dense plans at D=128 take the Gluon forward
     (``_gluon_dense``; the family has no dense backward without documents, so the Triton
     backward runs on its o and LSE). ``n``: the call's length (None: not known, no length rule);
