@@ -671,9 +671,10 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int, group: in
     benchmarks/gluon_orders.py --cases 9`` (``topk=16``, GQA 32/8, N=131072, D=128,
     ``select_blocks``' indices): grouped 7.320 ms, head-major 7.969, the Triton forward 10.378.
 
-    Causal dense plans: pairs of rows (r, n_qb - 1 - r) of one head when n_qb is even, else by cost where head-major would be unbalanced
-    (``LPT_IMBALANCE``; with 132 programs over heads of 128 tiles, N=16384, head-major gives
-    the first programs the longest row of every head). H200, Triton 3.6, bf16, 2026-12-04
+    Causal dense plans: pairs of rows (r, n_qb - 1 - r) of one head when n_qb is even, else by
+    cost where head-major would be unbalanced (``LPT_IMBALANCE``; with 132 programs over heads
+    of 128 tiles, N=16384, head-major gives the first programs the longest row of every head).
+    H200, Triton 3.6, bf16, 2026-12-04
     07:39 UTC, one process, forward ms, head-major / by cost / pairs (Triton's forward): B=1
     H=16 D=128 N=4096 0.170 / 0.130 / 0.121 (0.182), N=8192 0.613 / 0.493 / 0.465 (0.571),
     N=16384 2.460 / 1.933 / 1.839 (2.034), N=32768 7.948 / 7.744 / 7.154 (7.937); B=4 N=8192
@@ -777,11 +778,11 @@ def config(plan, direction: str) -> tuple[dict, str]:
 def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int,
               group_aligned: bool = True, group: int = 1) -> tuple[int, str | None]:
     """(order, why the config's is not it) of one launch: the config's ``order`` where this shape
-    can run it, else ``tile_order``'s (``group``: the call's GQA group). Pairs need an even number of query tiles a head; the list
-    is built for plans without documents or top-k, up to ``LIST_MAX_TILES`` tiles; grouped is
-    rendered for top-k plans only and needs the head group's first head and head count to be
-    multiples of the GQA group (``group_aligned``). A row is tuned for one shape of its length
-    bucket; other lengths of the bucket can lack what it needs."""
+    can run it, else ``tile_order``'s (``group``: the call's GQA group). Pairs need an even
+    number of query tiles a head; the list is built for plans without documents or top-k, up to
+    ``LIST_MAX_TILES`` tiles; grouped is rendered for top-k plans only and needs the head group's
+    first head and head count to be multiples of the GQA group (``group_aligned``). A row is tuned
+    for one shape of its length bucket; other lengths of the bucket can lack what it needs."""
     want = cfg.get("order")
     default = tile_order(kplan, n_qb, n_bh, programs, group if group_aligned else 1)
     if want is None:
