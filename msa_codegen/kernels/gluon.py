@@ -691,7 +691,7 @@ def tile_order(kplan: KernelPlan, n_qb: int, n_bh: int, programs: int, group: in
     loop's end, one STL and one LDL a tile)."""
     if kplan.topk:
         return GROUPED if group > 1 else HEAD_MAJOR
-    if (kplan.causal and kplan.has_window and not (kplan.documents or kplan.topk or kplan.sink)
+    if (kplan.causal and kplan.has_window and not (kplan.documents or kplan.sink)
             and n_qb * n_bh <= LIST_MAX_TILES):
         return LISTED
     if not (kplan.causal and _plain_dense(kplan)):

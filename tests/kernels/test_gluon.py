@@ -827,7 +827,7 @@ def test_gpu_forward_matches_the_reference(pattern, n, d, hq, hkv, dtype):
 
 
 # top-k: random ids with -1 slots, repeats and (causal) later blocks, one query block selecting nothing
-# (GQA groups 4, 2 and 3 take the grouped tile order)
+# (the cases with GQA, groups 2 to 4, take the grouped tile order)
 TOPK_CASES = [("topk=16", 4096 + 37, 128, 4, 1, BF), ("topk=3", 1000, 64, 16, 16, FP),
               ("causal=false,topk=5", 4096 + 37, 128, 4, 2, BF), ("causal=false,topk=2", 1000, 64, 2, 1, FP),
               ("topk=7", 2000 + 11, 64, 6, 2, FP)]
