@@ -4,8 +4,8 @@
     PYTHONPATH=$PWD python benchmarks/gluon_bench.py --shape 'causal=false,window=256@8x12x8192x64' [--shape ...]
 
 Per case of ``msa_codegen.bench.CASES`` (bf16, B=1, H=16, D=128; N=131072, dense causal 16k):
-``msa_codegen.attention`` timed forward and forward + backward with MSA_CODEGEN_GLUON unset and
-set (the variable is read on every call, so both run in this process, interleaved: triton,
+``msa_codegen.attention`` timed forward and forward + backward with MSA_CODEGEN_GLUON=0 and
+=1 (the variable is read on every call, so both run in this process, interleaved: triton,
 gluon, triton, gluon), after checking that the Gluon call really ran the Gluon kernel and that
 its o and LSE agree with the Triton forward's, and likewise for the backward: with the variable
 set, forward + backward runs the Gluon backward where ``why_not_bwd`` allows (windows without
@@ -15,9 +15,9 @@ sink; column "gluon bwd ran"), its dq / dk / dv checked against the Triton backw
 (and appended to --out), so that a run cut short still reports what finished; the table last.
 
 ``--shape PATTERN@BxHxNxD`` (repeatable) times a shape outside msa-bench's cases instead (H query
-and key/value heads): where the two families cross over for plain windows, which decides when the
-automatic choice could take the Gluon family for them (the short encoder rows' calls were slower
-there, the long rows faster; docs/performance.md, "Short calls").
+and key/value heads): where the two families cross over for plain windows. Its 15 shapes of
+2026-12-05 (B=8 N=4096 D=64 to N=32768 D=128: Gluon 0.73-1.00x the Triton time) made the
+automatic choice take the Gluon family for them (benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
@@ -40,10 +40,7 @@ REPS_MS = 200
 
 def _with(flag: bool, fn):
     def run():
-        if flag:
-            os.environ[gluon.ENV] = "1"
-        else:
-            os.environ.pop(gluon.ENV, None)
+        os.environ[gluon.ENV] = "1" if flag else "0"
         return fn()
     return run
 

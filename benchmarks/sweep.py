@@ -11,6 +11,7 @@ same q and k (not timed), e.g. ``--pattern topk=16 --dkdv "64,64,4,2;128,128,8,2
 """
 import argparse
 import itertools
+import os
 
 import torch
 import triton.testing
@@ -19,6 +20,7 @@ import msa_codegen as msa
 from msa_codegen.bench import attended_pairs
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
 from msa_codegen.heuristics import default_config
+from msa_codegen.kernels import gluon
 
 FWD = [FwdConfig(*c) for c in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
                                (128, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 3),
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--hash-buckets", type=int, default=0,
                     help="Hash-sparse inputs: rows sorted by this many LSH buckets (bench_dynamic.hash_inputs)")
     a = ap.parse_args()
+    os.environ[gluon.ENV] = "0"   # the configs swept are the Triton kernels' (the automatic choice may run Gluon)
     fwd_cfgs = [FwdConfig(*c) for c in _configs(a.fwd)] if a.fwd else FWD
     dkdv_cfgs = _configs(a.dkdv) if a.dkdv else DKDV
     dq_cfgs = _configs(a.dq) if a.dq else DQ

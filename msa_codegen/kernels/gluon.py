@@ -11,8 +11,9 @@ scores, so the Triton backward runs on them unchanged.
 
 When it runs: ``MSA_CODEGEN_GLUON=1`` in the environment asks for it on every eligible call,
 any other value never; unset, it is chosen automatically for plans of the top-k term alone, for
-packed documents (cu_seqlens) and for the forward of dense plans at D=128 on a Triton where its
-GPU tests ran (``auto_reason``: measured 0.71-0.98x the Triton kernels' time there).
+packed documents (cu_seqlens), for plain windows and for the forward of dense plans at D=128 on
+a Triton where its GPU tests ran (``auto_reason``: measured 0.71-1.00x the Triton kernels' time
+there).
 The variable is read on every call. An asked-for call runs this family when ``why_not`` finds
 nothing against it; otherwise the Triton kernels run and the reason is logged once per (plan,
 reason) (logger ``msa_codegen.kernels.gluon``: a warning under ``MSA_CODEGEN_GLUON=1``, debug
@@ -123,6 +124,12 @@ def _plain_dense(kplan: KernelPlan) -> bool:
     return kplan.dense and not kplan.has_window and not kplan.documents and not kplan.topk
 
 
+def _plain_window(kplan: KernelPlan) -> bool:
+    """A plain window plan the family runs (``pattern_reason``): dilation 1, with or without a sink,
+    no run-time rows, top-k, global or random blocks."""
+    return kplan.has_window and not (kplan.positional or kplan.segments) and pattern_reason(kplan) is None
+
+
 def _gluon_dense(kplans, head_dim) -> bool:
     """Dense plans (no window, documents or top-k) whose forward runs faster in Gluon: D=128.
     H200, Triton 3.6, bf16, 2026-12-04, one process, against the Triton forward's time: causal
@@ -135,24 +142,25 @@ def _gluon_dense(kplans, head_dim) -> bool:
 
 def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: int | None = None) -> str | None:
     """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
-    plans on the Triton kernels (None: it asks for the Gluon family). Automatic: plans of the
-    top-k term alone, and plans of packed documents (cu_seqlens), on a Triton where the family
-    passed its GPU tests. Measured against the Triton family (H200, N=131072, H=16, D=128,
-    benchmarks/NOTES.md): top-k 0.75x its time, forward and forward+backward (2026-12-03);
-    documents of 1k-16k, ``window=4096``, 0.72-0.75x / 0.73-0.74x (two runs, 2026-12-04), dense
-    causal 0.89x / 0.79x. Plain windows are faster in Gluon (``window=4096`` forward 0.85x,
-    forward + backward 0.91x; the short encoder rows, B=8, N=4096-8192, D=64, 0.83-0.85x forward +
-    backward, 2026-12-05, benchmarks/NOTES.md) but stay opt-in: their default backward would be
-    the fused one (not deterministic), whose fp32 dQ copy takes the peak memory from about 1.2x
-    to 1.45x the call's tensors. Short packed-document calls take the Triton backward
-    (``DOCS_BWD_MIN_N``). Dense plans at D=128 take the Gluon forward
-    (``_gluon_dense``; the family has no dense backward without documents, so the Triton
-    backward runs on its o and LSE). ``n``: the call's length (None: not known, no length rule);
-    ``head_dim`` None: not known (no dense plan is automatic)."""
-    runtime = bool(kplans) and all(kp.topk or kp.documents for kp in kplans)
-    if not (runtime or _gluon_dense(kplans, head_dim)):
-        return "automatic for top-k, packed-document (cu_seqlens) and dense D=128 plans only"
-    if backward and not runtime:
+    plans on the Triton kernels (None: it asks for the Gluon family), on a Triton where the
+    family passed its GPU tests. Automatic: plans of the top-k term alone, of packed documents
+    (cu_seqlens) and of plain windows (``_plain_window``: dilation 1, a sink allowed), in any
+    mix; the forward of dense plans at D=128 (``_gluon_dense``). Measured against the Triton
+    family (H200, benchmarks/NOTES.md; forward / forward+backward time): top-k 0.75x / 0.75x
+    (N=131072, 2026-12-03); documents of 1k-16k, ``window=4096``, 0.72-0.75x / 0.73-0.74x
+    (2026-12-04), dense causal 0.89x / 0.79x; plain windows (2026-12-05) ``window=4096`` 0.85x /
+    0.80x, 15 shapes from B=8 N=4096 D=64 to N=32768 D=128 0.75-1.00x / 0.73-1.00x, the short
+    encoder rows (B=8, N=4096-8192, D=64) through ``attention`` 0.83-0.85x forward+backward.
+    Their backward is fused where the call need not be deterministic and the fp32 dQ copy is
+    small enough (``fused_reason``), two Gluon kernels otherwise. Short packed-document calls
+    take the Triton backward (``DOCS_BWD_MIN_N``). Dense plans have no Gluon backward without
+    documents: the Triton backward runs on the Gluon forward's o and LSE. ``n``: the call's
+    length (None: not known, no length rule); ``head_dim`` None: not known (no dense plan is
+    automatic)."""
+    both = bool(kplans) and all(kp.topk or kp.documents or _plain_window(kp) for kp in kplans)   # both directions
+    if not (both or _gluon_dense(kplans, head_dim)):
+        return "automatic for top-k, packed-document (cu_seqlens), plain-window and dense D=128 plans only"
+    if backward and not both:
         return "the forward only for dense plans (the family's dense backward needs packed documents)"
     if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
         return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
@@ -162,6 +170,22 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
         return (f"automatic only on Triton {', '.join(GPU_TESTED)}, where its GPU tests ran "
                 f"(this is {triton.__version__})")
     return None
+
+
+@contextlib.contextmanager
+def forced(setting: str):
+    """``MSA_CODEGEN_GLUON=setting`` inside the block ("1": every eligible call runs the family,
+    "0": none does), then the variable as it was: what the tuners time is their own family's
+    kernels, whatever the automatic choice would run."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = setting
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
 
 
 def _setting() -> str:
@@ -383,21 +407,32 @@ def why_not_bwd(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str 
     return _call_reason(q, k) or layout_reason(q, k, v) or api()[1]
 
 
-def fused_reason(kplans=(), group: int = 1) -> str | None:
-    """Why a call of these head groups' plans, ``group`` query heads a KV head, takes the
-    two-kernel backward when it need not be deterministic (None: the fused form runs,
-    ``backward(fused=True)``): a Triton whose Gluon has no TMA reduce-add (it adds dQ by them),
-    or a top-k plan with GQA, where the fused form measured 1.04x the two kernels' time
-    (``topk=16``, 32/8 heads, N=131072; H200, Triton 3.6, 2026-12-04), with the two-kernel side
-    slowed by up to 4% by the measurement itself (BENCHMARKS.md; not re-timed without that
-    bias). Measured faster elsewhere: 0.87-0.95x the two kernels' backward on windows; forward +
-    backward 0.927x on packed documents (``window=4096``) and 0.961x on ``topk=16`` without GQA
+#: the fused backward's fp32 copy of dQ (4 bytes an element of q) at most this size: above it
+#: the two Gluon kernels run, so that a long call's peak memory stays near 1.2x its tensors' bytes
+#: (the fused form's is about 1.45x; 8 GiB more at N=1M, H=16, D=128). 2 GiB keeps the fused form
+#: at N=131072 with 32 query heads of D=128.
+FUSED_DQ_MAX_BYTES = 2 << 30
+
+
+def fused_reason(kplans=(), group: int = 1, q_numel: int | None = None) -> str | None:
+    """Why a call of these head groups' plans, ``group`` query heads a KV head, ``q_numel``
+    elements of q (None: not known, no size rule), takes the two-kernel backward when it need not
+    be deterministic (None: the fused form runs, ``backward(fused=True)``): a Triton whose Gluon
+    has no TMA reduce-add (it adds dQ by them); an fp32 dQ copy over ``FUSED_DQ_MAX_BYTES``; or a
+    top-k plan with GQA, where the fused form measured 1.04x the two kernels' time (``topk=16``,
+    32/8 heads, N=131072; H200, Triton 3.6, 2026-12-04), with the two-kernel side slowed by up to
+    4% by the measurement itself (BENCHMARKS.md; not re-timed without that bias). Measured faster
+    elsewhere: 0.87-0.95x the two kernels' backward on windows; forward + backward 0.927x on
+    packed documents (``window=4096``) and 0.961x on ``topk=16`` without GQA
     (``benchmarks/fused_ab.py``, 2026-12-04 16:46 UTC)."""
     names, why = api()
     if names is None:
         return why
     if names["tma_add"] is None:
         return f"this Triton's ({triton.__version__}) Gluon has no TMA reduce-add"
+    if q_numel is not None and 4 * q_numel > FUSED_DQ_MAX_BYTES:
+        return (f"its fp32 dQ copy would take {4 * q_numel / 2**30:.2f} GiB (the fused form runs up to "
+                f"{FUSED_DQ_MAX_BYTES / 2**30:g} GiB)")
     if group > 1 and any(kp.topk for kp in kplans):
         return f"top-k with {group} query heads a KV head: the fused backward measured slower there"
     return None
@@ -446,6 +481,8 @@ def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, gro
         not_fused = fused_reason(groups, group)
         line += ("; one fused kernel unless the call is deterministic" if not_fused is None
                  else f"; two kernels (dK/dV, dQ) even where the call need not be deterministic: {not_fused}")
+        if not_fused is None:
+            line += f" and its fp32 dQ copy takes at most {FUSED_DQ_MAX_BYTES / 2**30:g} GiB"
     return line
 
 

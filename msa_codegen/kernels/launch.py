@@ -82,8 +82,8 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
             k_seg=None, block_indices=None):
     """(out, lse) of one call: one forward launch per head group of the plan, with ``cfg``'s
     forward parameters. The run-time tensors are ``sparsity.prepare``'s (None for a plain call).
-    A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a top-k plan:
-    kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
+    A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a plan the
+    automatic choice takes: kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
     on them); an ineligible one logs why, once."""
     if _gluon_route(plan, q_pos, q.shape[2], q.shape[3]):
         why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups],
@@ -145,7 +145,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
             fused = not deterministic and _gluon.fused_reason([g.kernel_plan for g in plan.groups],
-                                                              q.shape[1] // k.shape[1]) is None
+                                                              q.shape[1] // k.shape[1], q.numel()) is None
             return _gluon.backward(do, q, k, v, o, lse, dlse, plan, scale, block_indices, q_pos, fused=fused)
         _gluon.note(plan, why, "backward")
     b, hq, n, d = q.shape

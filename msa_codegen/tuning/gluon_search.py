@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import itertools
-import os
 import time
 
 from ..heuristics import default_config
@@ -115,20 +114,6 @@ def why_excluded(direction: str, params: dict, problem: Problem) -> str | None:
 
 
 @contextlib.contextmanager
-def _gluon_forced():
-    """``MSA_CODEGEN_GLUON=1`` inside the block: every eligible call runs the family."""
-    before = os.environ.get(gluon.ENV)
-    os.environ[gluon.ENV] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(gluon.ENV, None)
-        else:
-            os.environ[gluon.ENV] = before
-
-
-@contextlib.contextmanager
 def _count_runs(direction: str):
     """A one-element list counting the family's launches of ``direction`` inside the block."""
     name = "forward" if direction == "fwd" else "backward"
@@ -147,22 +132,23 @@ def _count_runs(direction: str):
 
 
 class GluonBench(Bench):
-    """``measure.Bench`` with the Gluon family forced on and a candidate's knobs (a dict) as the
-    override; ``check`` also says when the family did not run."""
+    """``measure.Bench`` with the Gluon family forced on (``family``) and a candidate's knobs (a
+    dict) as the override; ``check`` also says when the family did not run."""
+
+    family = "1"
 
     def __init__(self, problem: Problem, direction: str, rep_ms: int = 100):
         import torch
 
         self.launch_cfg = default_config(torch.device("cuda"), problem.head_dim, problem.dtype,
                                          pattern=problem.pattern)
-        with _gluon_forced():
-            super().__init__(problem, direction, rep_ms=rep_ms)
+        super().__init__(problem, direction, rep_ms=rep_ms)
 
     def _knobs(self, params: dict):
         return gluon.use_gluon_config(**{self.direction: params})
 
     def check(self, params: dict) -> float:
-        with _gluon_forced(), self._knobs(params), _count_runs(self.direction) as runs:
+        with self._knobs(params), _count_runs(self.direction) as runs:
             err = super().check(self.launch_cfg)
         if not runs[0]:
             raise RuntimeError(f"the Gluon {self.direction} did not run on the check's problem (the log of "
@@ -171,11 +157,11 @@ class GluonBench(Bench):
 
     def runner(self, params: dict):
         base = super().runner
-        with _gluon_forced(), self._knobs(params):
+        with self._knobs(params):
             run = base(self.launch_cfg)   # the backward's graph is made here, under the knobs
 
         def timed():
-            with _gluon_forced(), self._knobs(params):
+            with self._knobs(params):
                 run()
         return timed
 

@@ -19,6 +19,7 @@ import torch
 
 from .. import api
 from ..config import LaunchConfig, use_config
+from ..kernels import gluon
 from ..pattern.reference import reference_attention
 from ..pattern.reference import relative_error as _rel_err
 from ..pattern.spec import parse
@@ -144,7 +145,11 @@ def _inputs(b, hq, hkv, n, d, dtype, device, seed, grad):
 
 
 class Bench:
-    """Inputs of one problem and direction; ``check`` and ``time`` of candidate configs."""
+    """Inputs of one problem and direction; ``check`` and ``time`` of candidate configs, with
+    ``MSA_CODEGEN_GLUON`` set to ``family`` ("0": the Triton kernels, whose launch parameters the
+    configs are, also where the automatic choice would run the Gluon family)."""
+
+    family = "0"
 
     def __init__(self, problem: Problem, direction: str, *, reps: int | None = None, rep_ms: int = 100):
         self.p, self.direction = problem, direction
@@ -168,7 +173,7 @@ class Bench:
         """Largest error against the reference (relative norm; LSE absolute). WrongResult above
         the tolerance; compile and launch errors propagate."""
         q, k, v, do = self.check_inputs
-        with use_config(cfg):
+        with use_config(cfg), gluon.forced(self.family):
             if self.direction == "fwd":
                 with torch.no_grad():
                     out, lse = api.attention(q, k, v, self.p.pattern, return_lse=True)
@@ -196,14 +201,15 @@ class Bench:
         pattern = self.p.pattern
         if self.direction == "fwd":
             def run():
-                with use_config(cfg), torch.no_grad():
+                with use_config(cfg), gluon.forced(self.family), torch.no_grad():
                     api.attention(q, k, v, pattern)
             return run
-        with use_config(cfg):
+        with use_config(cfg), gluon.forced(self.family):
             out = api.attention(q, k, v, pattern)   # the backward runs the config saved by this call
 
         def run_bwd():
-            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+            with gluon.forced(self.family):
+                torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
         return run_bwd
 
     def time(self, cfg: LaunchConfig, rep_ms: int | None = None) -> tuple[float, float, list[float]]:

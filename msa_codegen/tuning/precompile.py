@@ -29,6 +29,7 @@ import torch
 
 from .. import api
 from ..config import as_list, from_list, use_config
+from ..kernels import gluon
 from .keys import dtype_name
 from .measure import check_shape, error_line
 
@@ -85,7 +86,7 @@ def _warm(pattern: str, shapes: list[tuple[int, int, int]], head_dim: int, dtype
             q = torch.randn(1, heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
             k = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
             v = torch.randn(1, kv_heads, seqlen, head_dim, generator=g).to(device=device, dtype=dtype)
-            with use_config(from_list(cfg_values)):
+            with use_config(from_list(cfg_values)), gluon.forced("0"):   # the Triton kernels of the config
                 if direction == "fwd":
                     with torch.no_grad():
                         api.attention(q, k, v, pattern, return_lse=True)

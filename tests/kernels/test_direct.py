@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from msa_codegen.kernels import direct
+from msa_codegen.kernels import direct, gluon
 
 
 class FakeCompiled:
@@ -188,6 +188,7 @@ def test_gpu_direct_launches_match_triton_s_and_skip_its_binding(monkeypatch):
     from msa_codegen.kernels import tma as tma_policy
     from helpers import FLOOR, chunked_reference, make_inputs, rel_err
 
+    monkeypatch.setenv(gluon.ENV, "0")   # the Triton kernels (test_gpu_gluon_launches_go_direct_and_match: Gluon's)
     pattern = "causal=false,window=200,sink=5"
     q, k, v, _ = make_inputs(2, 4, 2, 1500, 64, torch.bfloat16, "cuda")
     do = torch.randn_like(q)
@@ -232,7 +233,6 @@ def test_gpu_gluon_launches_go_direct_and_match(monkeypatch, pattern, docs):
     kernel launch and a result that matches the reference."""
     import msa_codegen as msa
     from triton.runtime.jit import JITFunction
-    from msa_codegen.kernels import gluon
     from helpers import FLOOR, make_inputs, rel_err
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:

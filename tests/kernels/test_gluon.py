@@ -605,22 +605,34 @@ def test_the_variable_is_read_on_every_call(monkeypatch):
 
 
 def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatch):
-    """The automatic choice: pure top-k plans and packed documents (a window or dense) on a
-    Triton where the family's GPU tests ran; the variable overrides it both ways."""
+    """The automatic choice: pure top-k plans, packed documents (a window or dense) and plain
+    windows (dilation 1, a sink allowed) on a Triton where the family's GPU tests ran; the
+    dense forward at D=128; not dilated windows nor the other terms; the variable overrides it
+    both ways."""
     topk, window = [_plan("topk=16")], [_plan("window=4096")]
     docs = [_plan("window=4096", documents=True), _plan("causal", documents=True)]
+    others = [_plan(p) for p in ("window=4096,dilation=2", "causal=false,window=256,global=2",
+                                 "causal=false,window=64,random=2")]
     monkeypatch.delenv(gluon.ENV, raising=False)
-    assert not gluon.requested(window) and not gluon.requested(topk + window) and not gluon.requested()
+    assert not gluon.requested()
     for version, auto in (("3.6.0", True), ("3.6.1", True), ("3.9.0", False), ("3.8.0", False)):
         monkeypatch.setattr(gluon.triton, "__version__", version)
         assert gluon.requested(topk) == auto, version
         assert (gluon.auto_reason(topk) is None) == auto
         assert gluon.requested(docs) == auto and gluon.requested(topk + docs[:1]) == auto, version
-        assert not gluon.requested(docs + window), version
+        # plain windows, causal or not, with a sink, mixed with the other automatic plans, both directions
+        for plans in (window, [_plan("causal=false,window=512")], [_plan("window=4096,sink=64")], docs + window,
+                      topk + window):
+            assert gluon.requested(plans, 16384, head_dim=64) == auto, (version, plans)
+            assert gluon.requested(plans, 16384, backward=True, head_dim=64) == auto, (version, plans)
+        for plan in others:
+            assert not gluon.requested([plan], 4096, head_dim=128), plan
+            assert not gluon.requested(window + [plan], 4096, head_dim=128)
         # short packed documents: the Gluon forward, the Triton backward (measured faster there)
         n = gluon.DOCS_BWD_MIN_N
         assert gluon.requested(docs, n - 1) == auto and gluon.requested(docs, n, backward=True) == auto, version
         assert not gluon.requested(docs, n - 1, backward=True), version
+        assert gluon.requested(window, n - 1, backward=True) == auto, version   # no length rule for windows
         assert gluon.requested(topk, 100, backward=True) == auto, version
         # dense: the forward at D=128 only (its backward has no Gluon kernel)
         dense = [_plan("causal")]
@@ -659,8 +671,12 @@ def test_an_automatic_choice_on_the_cpu_runs_triton_quietly(monkeypatch, caplog)
 def test_describe_names_the_family_and_why(monkeypatch):
     plans = [_plan("window=4096")]
     monkeypatch.delenv(gluon.ENV, raising=False)
+    monkeypatch.setattr(gluon.triton, "__version__", "3.9.0")
     line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
-    assert line.startswith("forward kernels: triton") and gluon.ENV in line
+    assert line.startswith("forward kernels: triton") and gluon.ENV in line and "3.9.0" in line
+    monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
+    line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
+    assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
     monkeypatch.setenv(gluon.ENV, "1")
     line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line

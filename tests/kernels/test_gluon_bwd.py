@@ -695,7 +695,7 @@ def test_deterministic_picks_the_fused_backward(monkeypatch, flag, torch_mode, f
 
     monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
     monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
-    monkeypatch.setattr(gluon, "fused_reason", lambda kplans=(), group=1: None)
+    monkeypatch.setattr(gluon, "fused_reason", lambda *a, **kw: None)
     monkeypatch.setattr(gluon, "backward", spy)
     pattern = "window=16"
     q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
@@ -732,3 +732,33 @@ def test_fused_reason_and_a_triton_without_a_tma_reduce(monkeypatch):
     q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
     torch.autograd.grad(msa.attention(q, k, v, "window=16", deterministic=False).sum(), (q, k, v))
     assert seen == [False]
+
+
+def test_a_large_dq_copy_takes_the_two_kernels(monkeypatch):
+    """``fused_reason`` with the call's size: an fp32 dQ copy over ``FUSED_DQ_MAX_BYTES`` keeps the
+    two kernels (peak memory), at the limit the fused form runs; ``attention(deterministic=False)``
+    passes q's size (here a limit lowered to the test's q, 2 x 40 x 16 elements)."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    if NAMES["tma_add"] is None:
+        pytest.skip("this Triton's Gluon has no TMA reduce-add")
+    window = [_plan("window=4096")]
+    limit = gluon.FUSED_DQ_MAX_BYTES
+    assert gluon.fused_reason(window, 1, limit // 4) is None
+    why = gluon.fused_reason(window, 1, limit // 4 + 1)
+    assert why is not None and "fp32 dQ copy" in why
+    # the bench rows at N=131072 keep the fused form (D=128: 16 and 32 query heads), N=1M does not
+    assert gluon.fused_reason(window, 4, 32 * 131072 * 128) is None
+    assert gluon.fused_reason(window, 1, 16 * (1 << 20) * 128) is not None
+    from msa_codegen.kernels import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
+    monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
+    monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
+        torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
+    q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
+    for limit, fused in ((4 * q.numel(), True), (4 * q.numel() - 1, False)):
+        monkeypatch.setattr(gluon, "FUSED_DQ_MAX_BYTES", limit)
+        torch.autograd.grad(msa.attention(q, k, v, "window=16", deterministic=False).sum(), (q, k, v))
+        assert seen[-1] is fused, limit

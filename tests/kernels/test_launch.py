@@ -4,16 +4,25 @@ scratch and prefix chunks (kernels.schedule).
 
 Without CUDA these run in Triton's interpreter (conftest.py), at small sizes; the cases marked
 ``gpu`` run larger shapes in bf16/fp16 on a GPU (bf16's tl.dot is wrong in the interpreter).
+These are the Triton family's tests: ``MSA_CODEGEN_GLUON=0`` throughout (on Hopper the
+automatic choice would run most plain patterns in the Gluon family, tested in test_gluon*.py),
+except FlexAttention's comparison, which runs what ``attention`` chooses.
 """
 import pytest
 import torch
 
 import msa_codegen as msa
 from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
-from msa_codegen.kernels import schedule
+from msa_codegen.kernels import gluon, schedule
 from msa_codegen.kernels import tma as tma_policy
 
 from helpers import FLOOR, check_attention, check_dynamic, chunked_reference, make_inputs, rel_err, spy_scratch, topk_inputs
+
+
+@pytest.fixture(autouse=True)
+def triton_family(monkeypatch):
+    """The Triton kernels on every call (``MSA_CODEGEN_GLUON=0``)."""
+    monkeypatch.setenv(gluon.ENV, "0")
 
 # every term alone and in combination, both directions
 PATTERNS = [
@@ -454,8 +463,12 @@ FLEX_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern,n,hq,hkv,d", FLEX_CASES,
                          ids=[f"{c[0]}-N{c[1]}-{c[2]}x{c[3]}-D{c[4]}" for c in FLEX_CASES])
-def test_gpu_matches_flex_attention(pattern, n, hq, hkv, d):
-    """FlexAttention with the same mask as a second oracle, at the benchmark shapes (shorter N)."""
+@pytest.mark.parametrize("family", [None, "0"], ids=["automatic", "triton"])
+def test_gpu_matches_flex_attention(pattern, n, hq, hkv, d, family, monkeypatch):
+    """FlexAttention with the same mask as a second oracle, at the benchmark shapes (shorter N):
+    the family ``attention`` chooses (``MSA_CODEGEN_GLUON`` unset) and the Triton one."""
+    if family is None:
+        monkeypatch.delenv(gluon.ENV)
     flex_mod = pytest.importorskip("torch.nn.attention.flex_attention")
     from msa_codegen.bench import _mask_mod
 

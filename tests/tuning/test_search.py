@@ -4,6 +4,7 @@ interpreter (the GPU cases marked gpu)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -286,3 +287,33 @@ def test_workers_warm_the_timed_and_the_check_specialisations(monkeypatch):
     monkeypatch.setattr(api, "attention", fake_attention)
     assert precompile._warm("window=64", shapes, 32, "float32", "cpu", "bwd", as_list(cfg)) is None
     assert ran == shapes
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_the_triton_tuner_times_the_triton_kernels_where_gluon_is_automatic(monkeypatch, direction):
+    """``measure.Bench`` checks and times with ``MSA_CODEGEN_GLUON=0`` (its configs are the Triton
+    kernels'), also where the automatic choice would run the Gluon family (a plain window on the
+    tested Triton), and leaves the variable as it was; the Gluon tuner's bench forces "1"."""
+    from msa_codegen.kernels import gluon
+    from msa_codegen.tuning import measure
+    from msa_codegen.tuning.gluon_search import GluonBench
+
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
+    from msa_codegen.plan import plan_for
+
+    kplans = [g.kernel_plan for g in plan_for("window=16", torch.device("cpu"), torch.float32, 16, 2, 1, 64).groups]
+    assert gluon.requested(kplans, 64, direction == "bwd", 16)   # what attention would ask for
+    seen = []
+    real = measure.api.attention
+    monkeypatch.setattr(measure.api, "attention",
+                        lambda *a, **kw: seen.append(os.environ.get(gluon.ENV)) or real(*a, **kw))
+    bench = measure.Bench(measure.Problem("window=16", 1, 2, 1, 64, 16, torch.float32, "cpu", 64), direction)
+    cfg = default_config(torch.device("cpu"), 16, torch.float32)
+    bench.check(cfg)
+    run = bench.runner(cfg)
+    if direction == "bwd":   # the backward reads the variable when it runs
+        monkeypatch.setattr(gluon, "requested", lambda *a, **kw: seen.append(os.environ.get(gluon.ENV)) or False)
+    run()
+    assert seen and set(seen) == {"0"} and gluon.ENV not in os.environ, seen
+    assert GluonBench.family == "1" and measure.Bench.family == "0"
