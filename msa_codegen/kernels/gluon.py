@@ -101,15 +101,16 @@ _noted: set[tuple] = set()
 GPU_TESTED = ("3.6",)
 
 
-def requested(kplans=(), n: int | None = None, backward: bool = False, head_dim: int | None = None) -> bool:
-    """Whether a call of these head groups' plans (N rows, head dim D; its forward, or its
-    backward) asks for the Gluon family, read on every call (one process can time both
-    families): ``MSA_CODEGEN_GLUON=1`` always (where eligible), any other value never; unset,
-    the automatic choice (``auto_reason``)."""
+def requested(kplans=(), n: int | None = None, backward: bool = False, head_dim: int | None = None,
+              flops: float | None = None) -> bool:
+    """Whether a call of these head groups' plans (N rows, head dim D, ``flops`` of forward work:
+    ``window_flops``; its forward, or its backward) asks for the Gluon family, read on every
+    call (one process can time both families): ``MSA_CODEGEN_GLUON=1`` always (where eligible),
+    any other value never; unset, the automatic choice (``auto_reason``)."""
     setting = os.environ.get(ENV)
     if setting is not None:
         return setting == "1"
-    return auto_reason(kplans, n, backward, head_dim) is None
+    return auto_reason(kplans, n, backward, head_dim, flops) is None
 
 
 #: the automatic choice takes the Gluon backward of packed documents from this length on: at
@@ -130,6 +131,34 @@ def _plain_window(kplan: KernelPlan) -> bool:
     return kplan.has_window and not (kplan.positional or kplan.segments) and pattern_reason(kplan) is None
 
 
+#: the automatic choice takes plain-window calls of at least this much forward work
+#: (``window_flops``) into the Gluon family. Below it the Gluon call's longer host path outweighs
+#: its faster kernels. H100, Triton 3.6, 2026-12-05, forward+backward time, Gluon against Triton:
+#: 1.24-1.54x at 3-30 GFLOP (``gluon_bench.py --shape``); through ``attention`` (msa-bench, D=64,
+#: B=8, H=12) ``causal=false,window=256`` N=4096 (51 GFLOP) 1.18x, 512 at N=4096 (97 GFLOP)
+#: 0.99x, 256 at N=8192 (101 GFLOP) 0.86x, 512 at N=8192 (200 GFLOP) 0.84x. (On an H200's host,
+#: 12-05, the 51 GFLOP row ran at 0.84x: the crossing depends on the CPU.)
+WINDOW_MIN_FLOPS = float(1 << 36)
+
+
+def _band_pairs(kplan: KernelPlan, n: int) -> int:
+    """Visible (query, key) pairs of one head of a plain window plan over N rows (dilation 1;
+    a sink's keys are not counted): W keys a row up to its own, and W - 1 after it when
+    bidirectional, clipped at the ends."""
+    w = min(kplan.window, n)
+    left = w * n - w * (w - 1) // 2
+    return left if kplan.causal else 2 * left - n
+
+
+def window_flops(groups, batch: int, n: int, head_dim: int) -> float | None:
+    """Forward FLOPs (4 D per visible pair) of a call whose head groups are ``groups`` ((heads,
+    kernel plan) pairs) over ``batch`` x N rows, when every plan is a plain window
+    (``_plain_window``); None otherwise (the length rule is for plain windows only)."""
+    if not groups or not all(_plain_window(kp) for _, kp in groups):
+        return None
+    return 4.0 * head_dim * batch * sum(heads * _band_pairs(kp, n) for heads, kp in groups)
+
+
 def _gluon_dense(kplans, head_dim) -> bool:
     """Dense plans (no window, documents or top-k) whose forward runs faster in Gluon: D=128.
     H200, Triton 3.6, bf16, 2026-12-04, one process, against the Triton forward's time: causal
@@ -140,7 +169,8 @@ def _gluon_dense(kplans, head_dim) -> bool:
     return bool(kplans) and head_dim == 128 and all(map(_plain_dense, kplans))
 
 
-def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: int | None = None) -> str | None:
+def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: int | None = None,
+                flops: float | None = None) -> str | None:
     """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
     plans on the Triton kernels (None: it asks for the Gluon family), on a Triton where the
     family passed its GPU tests. Automatic: plans of the top-k term alone, of packed documents
@@ -152,16 +182,20 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
     0.80x, 15 shapes from B=8 N=4096 D=64 to N=32768 D=128 0.75-1.00x / 0.73-1.00x, the short
     encoder rows (B=8, N=4096-8192, D=64) through ``attention`` 0.83-0.85x forward+backward.
     Their backward is fused where the call need not be deterministic and the fp32 dQ copy is
-    small enough (``fused_reason``), two Gluon kernels otherwise. Short packed-document calls
-    take the Triton backward (``DOCS_BWD_MIN_N``). Dense plans have no Gluon backward without
-    documents: the Triton backward runs on the Gluon forward's o and LSE. ``n``: the call's
-    length (None: not known, no length rule); ``head_dim`` None: not known (no dense plan is
-    automatic)."""
+    small enough (``fused_reason``), two Gluon kernels otherwise. Calls of plain windows alone
+    under ``WINDOW_MIN_FLOPS`` of forward work (``flops``, ``window_flops``) and short
+    packed-document calls' backward (``DOCS_BWD_MIN_N``) take the Triton kernels. Dense plans
+    have no Gluon backward without documents: the Triton backward runs on the Gluon forward's
+    o and LSE. ``n``: the call's length, ``flops`` its work (None: not known, no length or
+    size rule); ``head_dim`` None: not known (no dense plan is automatic)."""
     both = bool(kplans) and all(kp.topk or kp.documents or _plain_window(kp) for kp in kplans)   # both directions
     if not (both or _gluon_dense(kplans, head_dim)):
         return "automatic for top-k, packed-document (cu_seqlens), plain-window and dense D=128 plans only"
     if backward and not both:
         return "the forward only for dense plans (the family's dense backward needs packed documents)"
+    if flops is not None and flops < WINDOW_MIN_FLOPS and all(map(_plain_window, kplans)):
+        return (f"plain windows from {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work on ({flops / 1e9:.3g} "
+                f"here: the Triton kernels measured faster on short calls)")
     if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
         return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
                 f"Triton backward measured faster)")

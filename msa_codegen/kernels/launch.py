@@ -56,13 +56,18 @@ def _pos_args(q_pos, k_pos, q_seg, k_seg, b, hq, hkv, nq, nk):
     return (qp, kp, qs, ks, *qp.stride(), *kp.stride(), *qs.stride(), *ks.stride())
 
 
-def _gluon_route(plan: AttentionPlan, q_pos, n: int, head_dim: int, backward: bool = False) -> bool:
-    """Whether a call of N rows asks for the Gluon family in this direction (kernels/gluon.py
-    ``requested``) and may take it: without run-time positions, or with packed documents'
+def _gluon_route(plan: AttentionPlan, q_pos, q: torch.Tensor, backward: bool = False) -> bool:
+    """Whether a call of q's shape (B, Hq, N, D) asks for the Gluon family in this direction
+    (kernels/gluon.py ``requested``, with the call's forward work for plain windows:
+    ``window_flops``) and may take it: without run-time positions, or with packed documents'
     (cu_seqlens: every group's plan has ``documents``), which the family reads as document
     bounds."""
     kplans = [g.kernel_plan for g in plan.groups]
-    return (q_pos is None or all(kp.documents for kp in kplans)) and _gluon.requested(kplans, n, backward, head_dim)
+    if q_pos is not None and not all(kp.documents for kp in kplans):
+        return False
+    b, _, n, d = q.shape
+    flops = _gluon.window_flops([(g.h1 - g.h0, g.kernel_plan) for g in plan.groups], b, n, d)
+    return _gluon.requested(kplans, n, backward, d, flops)
 
 
 def _on_tensor_device(fn):
@@ -85,7 +90,7 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
     A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a plan the
     automatic choice takes: kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
     on them); an ineligible one logs why, once."""
-    if _gluon_route(plan, q_pos, q.shape[2], q.shape[3]):
+    if _gluon_route(plan, q_pos, q):
         why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups],
                                                                            q.shape[3])
         if why is None:
@@ -141,7 +146,7 @@ def backward(do, q, k, v, o, lse, dlse, plan: AttentionPlan, scale: float, cfg: 
     (kernels/gluon.py: the same stats pass, then its dK/dV and dQ kernels, or with
     ``deterministic=False`` its fused form: dQ added by TMA reductions in a varying order); an
     ineligible one logs why, once."""
-    if _gluon_route(plan, q_pos, q.shape[2], q.shape[3], backward=True):
+    if _gluon_route(plan, q_pos, q, backward=True):
         why = _gluon.why_not_bwd(plan, q, k, v)
         if why is None:
             fused = not deterministic and _gluon.fused_reason([g.kernel_plan for g in plan.groups],

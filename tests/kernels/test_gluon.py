@@ -652,6 +652,48 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
     assert gluon.requested(window)
 
 
+def test_short_plain_window_calls_stay_on_triton(monkeypatch):
+    """The automatic choice takes plain-window calls from ``WINDOW_MIN_FLOPS`` of forward work on
+    (``window_flops``: 4 D per visible pair, summed over batch and heads), both directions; calls
+    with top-k or packed documents, and the variable, do not look at the size."""
+    monkeypatch.delenv(gluon.ENV, raising=False)
+    monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
+    for pattern, n in (("window=5", 9), ("causal=false,window=5", 9), ("window=40", 30), ("causal=false,window=1", 7)):
+        kp = _plan(pattern)
+        mask = msa.mask(pattern, n)[0]
+        assert gluon._band_pairs(kp, n) == int(mask.sum()), pattern
+    window = _plan("causal=false,window=256")
+    # msa-bench's encoder rows (B=8, H=12, D=64): N=4096 stays on Triton, N=8192 and the 512 band go to Gluon
+    small, large = (gluon.window_flops([(12, window)], 8, n, 64) for n in (4096, 8192))
+    assert small == 4 * 64 * 8 * 12 * int(msa.mask("causal=false,window=256", 4096)[0].sum())
+    assert small < gluon.WINDOW_MIN_FLOPS <= large
+    wide = gluon.window_flops([(12, _plan("causal=false,window=512"))], 8, 4096, 64)
+    assert wide >= gluon.WINDOW_MIN_FLOPS
+    for backward in (False, True):
+        assert not gluon.requested([window], 4096, backward, 64, small)
+        assert "GFLOP" in gluon.auto_reason([window], 4096, backward, 64, small)
+        assert gluon.requested([window], 8192, backward, 64, large)
+        monkeypatch.setenv(gluon.ENV, "1")
+        assert gluon.requested([window], 4096, backward, 64, small)
+        monkeypatch.delenv(gluon.ENV)
+    # head groups: the heads of each, summed; one group that is not a plain window: no size rule
+    pair = [(4, _plan("window=64")), (8, _plan("causal=false,window=32"))]
+    assert gluon.window_flops(pair, 2, 100, 64) == 4 * 64 * 2 * (4 * gluon._band_pairs(pair[0][1], 100)
+                                                                  + 8 * gluon._band_pairs(pair[1][1], 100))
+    assert gluon.window_flops([(4, _plan("topk=4")), *pair], 2, 100, 64) is None
+    assert gluon.window_flops([(4, _plan("window=64,dilation=2"))], 2, 100, 64) is None
+    docs = [_plan("window=4096", documents=True)]
+    assert gluon.requested(docs, 20000, False, 64, 1.0)
+    # attention passes the call's work: both directions, (B, Hq, N, D) = (2, 4, 50, 16), two head groups
+    seen = []
+    real = gluon.requested
+    monkeypatch.setattr(gluon, "requested", lambda *a: seen.append(a) or real(*a))
+    q, k, v, _ = make_inputs(2, 4, 2, 50, 16, torch.float32, "cpu")
+    torch.autograd.grad(msa.attention(q, k, v, "0-1:window=7;2-3:causal=false,window=3").sum(), (q, k, v))
+    want = gluon.window_flops([(2, _plan("window=7")), (2, _plan("causal=false,window=3"))], 2, 50, 16)
+    assert [(a[1], a[2], a[3], a[4]) for a in seen] == [(50, False, 16, want), (50, True, 16, want)]
+
+
 def test_an_automatic_choice_on_the_cpu_runs_triton_quietly(monkeypatch, caplog):
     """Unset, a top-k call on the CPU asks for the family, which the device refuses: the Triton
     kernels run and nothing above debug level is logged."""

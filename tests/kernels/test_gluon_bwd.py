@@ -693,7 +693,7 @@ def test_deterministic_picks_the_fused_backward(monkeypatch, flag, torch_mode, f
         seen.append(fused)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
-    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, q, backward=False: backward)
     monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
     monkeypatch.setattr(gluon, "fused_reason", lambda *a, **kw: None)
     monkeypatch.setattr(gluon, "backward", spy)
@@ -725,7 +725,7 @@ def test_fused_reason_and_a_triton_without_a_tma_reduce(monkeypatch):
     from msa_codegen.kernels import launch
 
     seen = []
-    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, q, backward=False: backward)
     monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
     monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
         torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
@@ -753,7 +753,7 @@ def test_a_large_dq_copy_takes_the_two_kernels(monkeypatch):
     from msa_codegen.kernels import launch
 
     seen = []
-    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, n, d, backward=False: backward)
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, q, backward=False: backward)
     monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
     monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
         torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
