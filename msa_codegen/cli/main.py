@@ -329,8 +329,14 @@ def cmd_which(args) -> int:
     print(res)
     if not pat.msa_groups:
         kplans = [lower(g.spec, **_documents(args)) for g in pat.groups]
-        print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim))
-        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim, group))
+        # with --heads, the call's size (B=1) for the automatic choice's size rules
+        flops = q_numel = None
+        if heads is not None:
+            sized = [(h1 - h0, lower(spec, **_documents(args))) for h0, h1, spec in pat.head_groups(heads)]
+            flops = _gluon_family.window_flops(sized, 1, args.seqlen, args.head_dim)
+            q_numel = heads * args.seqlen * args.head_dim
+        print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim, flops))
+        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim, group, flops, q_numel))
         hashes = (_gluon_family.kernel_hash(tuple(kplans), "fwd"), _gluon_family.kernel_hash(tuple(kplans), "bwd"))
         if cap.startswith("9.") and hashes != (None, None):
             print(gluon_lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen,

@@ -485,37 +485,44 @@ def note(plan, why: str, family: str = "forward") -> None:
                 str(plan.key[2]).replace("torch.", ""), why)
 
 
-def describe(groups, capability: str, dtype: torch.dtype, head_dim: int) -> str:
+def describe(groups, capability: str, dtype: torch.dtype, head_dim: int, flops: float | None = None) -> str:
     """One line for ``msa-codegen which``: the forward family a call of these head groups' plans
-    runs on this capability / dtype / head dim, and why not Gluon."""
+    (``flops`` of forward work, ``window_flops``; None: not known) runs on this capability / dtype
+    / head dim, and why not Gluon."""
     why = next((pattern_reason(kp) for kp in groups if pattern_reason(kp)), None)
     why = why or slower_reason(groups, head_dim) or capability_reason(capability, dtype, head_dim) or api()[1]
-    return _describe("forward", groups, why, head_dim)
+    return _describe("forward", groups, why, head_dim, flops)
 
 
-def _describe(family: str, groups, why: str | None, head_dim: int | None = None) -> str:
-    if not requested(groups, head_dim=head_dim):
+def _describe(family: str, groups, why: str | None, head_dim: int | None = None, flops: float | None = None) -> str:
+    if not requested(groups, head_dim=head_dim, flops=flops):
         state = "eligible" if why is None else f"not eligible: {why}"
         setting = os.environ.get(ENV)
-        asked = f"{ENV}={setting}" if setting is not None else f"{ENV} is not set, {auto_reason(groups, head_dim=head_dim)}"
+        asked = (f"{ENV}={setting}" if setting is not None
+                 else f"{ENV} is not set, {auto_reason(groups, head_dim=head_dim, flops=flops)}")
         return f"{family} kernels: triton ({asked}; gluon {state})"
     if why is None:
-        return f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address run triton)"
+        short = ""
+        if flops is None and os.environ.get(ENV) is None and groups and all(map(_plain_window, groups)):
+            short = f"; plain-window calls under {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work run triton"
+        return f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address run triton{short})"
     return f"{family} kernels: triton ({_setting()}, but gluon is not eligible: {why})"
 
 
-def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, group: int = 1) -> str:
+def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, group: int = 1,
+                 flops: float | None = None, q_numel: int | None = None) -> str:
     """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon; for
     the Gluon backward, whether a call that need not be deterministic runs it as one fused
-    kernel (``fused_reason``, ``group`` query heads a KV head)."""
+    kernel (``fused_reason``, ``group`` query heads a KV head, ``q_numel`` elements of q: None,
+    not known)."""
     why = next((bwd_pattern_reason(kp) for kp in groups if bwd_pattern_reason(kp)), None)
     why = why or capability_reason(capability, dtype, head_dim) or api()[1]
-    line = _describe("backward", groups, why, head_dim)
+    line = _describe("backward", groups, why, head_dim, flops)
     if line.startswith("backward kernels: gluon"):
-        not_fused = fused_reason(groups, group)
+        not_fused = fused_reason(groups, group, q_numel)
         line += ("; one fused kernel unless the call is deterministic" if not_fused is None
                  else f"; two kernels (dK/dV, dQ) even where the call need not be deterministic: {not_fused}")
-        if not_fused is None:
+        if not_fused is None and q_numel is None:
             line += f" and its fp32 dQ copy takes at most {FUSED_DQ_MAX_BYTES / 2**30:g} GiB"
     return line
 

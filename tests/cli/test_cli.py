@@ -29,7 +29,7 @@ def _env(tmp_path, **extra):
                PYTHONUNBUFFERED="1")
     env.pop("MSA_CODEGEN_DEBUG", None)
     env.update(extra)
-    return env
+    return {key: value for key, value in env.items() if value is not None}   # None: unset
 
 
 def run(cmd, tmp_path, timeout=240, **extra):
@@ -226,6 +226,9 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     p = _ok(run([*CODEGEN, *which], tmp_path, MSA_CODEGEN_GLUON="0"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
     assert "backward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout
+    # unset, with --heads: a call of 4096 rows, 4 heads at D=128 (a few GFLOP) stays on Triton by its size
+    p = _ok(run([*CODEGEN, *which, "--heads", "4"], tmp_path, MSA_CODEGEN_GLUON=None))
+    assert "forward kernels: triton (MSA_CODEGEN_GLUON is not set, plain windows from" in p.stdout
     p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout
     assert "backward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: dilation=2)" in p.stdout

@@ -684,6 +684,20 @@ def test_short_plain_window_calls_stay_on_triton(monkeypatch):
     assert gluon.window_flops([(4, _plan("window=64,dilation=2"))], 2, 100, 64) is None
     docs = [_plan("window=4096", documents=True)]
     assert gluon.requested(docs, 20000, False, 64, 1.0)
+    # msa-codegen which: with the call's size the line says which family runs and why
+    line = gluon.describe([window], "9.0", torch.bfloat16, 64, small)
+    assert line.startswith("forward kernels: triton (MSA_CODEGEN_GLUON is not set, plain windows from"), line
+    line = gluon.describe_bwd([window], "9.0", torch.bfloat16, 64, 1, small)
+    assert line.startswith("backward kernels: triton (MSA_CODEGEN_GLUON is not set, plain windows from"), line
+    if NAMES is not None:
+        line = gluon.describe([window], "9.0", torch.bfloat16, 64)
+        assert line.startswith("forward kernels: gluon") and "plain-window calls under 68.7 GFLOP" in line, line
+        assert "plain-window calls under" not in gluon.describe([window], "9.0", torch.bfloat16, 64, large)
+        if NAMES["tma_add"] is not None:
+            line = gluon.describe_bwd([window], "9.0", torch.bfloat16, 64, 1, large, 8 * 12 * 8192 * 64)
+            assert line.endswith("; one fused kernel unless the call is deterministic"), line
+            line = gluon.describe_bwd([window], "9.0", torch.bfloat16, 64, 1, large, gluon.FUSED_DQ_MAX_BYTES // 4 + 1)
+            assert "two kernels (dK/dV, dQ) even where the call need not be deterministic: its fp32 dQ copy" in line
     # attention passes the call's work: both directions, (B, Hq, N, D) = (2, 4, 50, 16), two head groups
     seen = []
     real = gluon.requested
