@@ -160,8 +160,9 @@ def _render_gluon(pat, args) -> int:
               f"STAGES={_gluon_family.RING.get(args.head_dim, '-')}, ORDER=gluon.tile_order's, FOLD=True")
     launch += "; a tuned row's ORDER / STAGES where one serves (msa-tune --family gluon; msa-codegen which)"
     print(f"# Gluon {'backward' if bwd else 'forward'} (kernels/gluon.py), run by attention on a 9.x GPU "
-          f"where asked ({_gluon_family.ENV}=1, or unset: top-k, packed documents, plain windows and the dense forward at D=128 on Triton "
-          f"{', '.join(_gluon_family.GPU_TESTED)}); head dim {args.head_dim}, {DTYPES[args.dtype]}: "
+          f"where asked ({_gluon_family.ENV}=1, or unset: top-k, packed documents, plain windows and the "
+          f"dense forward at D=128 on Triton {', '.join(_gluon_family.GPU_TESTED)}); "
+          f"head dim {args.head_dim}, {DTYPES[args.dtype]}: "
           + ("eligible" if why is None else f"not eligible ({why})") + f"; {launch}\n")
     for group in pat.groups:
         if len(pat.groups) > 1:

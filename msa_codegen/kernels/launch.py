@@ -88,8 +88,8 @@ def forward(q, k, v, plan: AttentionPlan, scale: float, cfg: LaunchConfig, q_pos
     """(out, lse) of one call: one forward launch per head group of the plan, with ``cfg``'s
     forward parameters. The run-time tensors are ``sparsity.prepare``'s (None for a plain call).
     A call that asks for the Gluon family (``MSA_CODEGEN_GLUON=1``, or unset and a plan the
-    automatic choice takes: kernels/gluon.py ``requested``) runs it when eligible (same outputs, so either backward runs
-    on them); an ineligible one logs why, once."""
+    automatic choice takes: kernels/gluon.py ``requested``) runs it when eligible (same outputs,
+    so either backward runs on them); an ineligible one logs why, once."""
     if _gluon_route(plan, q_pos, q):
         why = _gluon.why_not(plan, q, k, v, scale) or _gluon.slower_reason([g.kernel_plan for g in plan.groups],
                                                                            q.shape[3])
