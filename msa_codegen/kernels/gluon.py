@@ -1005,10 +1005,12 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
     views = {name: _rows_view(x) for name, x in (("q", q), ("k", k), ("v", v), ("do", do), ("dq", dq), ("dk", dk),
                                                 ("dv", dv))}
     rows = {name: view[0] for name, view in views.items()}
-    # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV)
-    qd, dod, dqd = (_descriptor(x, *views[name][1:], [BWD_BLOCK_M, d]) for name, x in (("q", q), ("do", do),
-                                                                                      ("dq", dq)))
-    kd, vd = (_descriptor(x, *views[name][1:], [BLOCK_N, d]) for name, x in (("k", k), ("v", v)))
+    # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV).
+    # The fused form runs no dQ kernel: its dQ, K and V descriptors are not built (host time)
+    qd, dod = (_descriptor(x, *views[name][1:], [BWD_BLOCK_M, d]) for name, x in (("q", q), ("do", do)))
+    if not fused:
+        dqd = _descriptor(dq, *views["dq"][1:], [BWD_BLOCK_M, d])
+        kd, vd = (_descriptor(x, *views[name][1:], [BLOCK_N, d]) for name, x in (("k", k), ("v", v)))
     kd2, vd2, dkd, dvd = (_descriptor(x, *views[name][1:], [BLOCK_N // 2, d])
                           for name, x in (("k", k), ("v", v), ("dk", dk), ("dv", dv)))
     qk_scale = scale * 1.4426950408889634

@@ -762,3 +762,33 @@ def test_a_large_dq_copy_takes_the_two_kernels(monkeypatch):
         monkeypatch.setattr(gluon, "FUSED_DQ_MAX_BYTES", limit)
         torch.autograd.grad(msa.attention(q, k, v, "window=16", deterministic=False).sum(), (q, k, v))
         assert seen[-1] is fused, limit
+
+
+@needs_api
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
+def test_the_backward_host_path_launches_what_each_form_needs(monkeypatch, fused):
+    """``gluon.backward``'s host path with the launches recorded instead of run (CPU tensors):
+    the stats pass, dK/dV, and dQ unless fused; the fused dK/dV gets the zeroed fp32 copy's
+    descriptor, whose contents become dq; no descriptor is built that no launch takes."""
+    launched, built = [], []
+    monkeypatch.setattr(gluon.direct, "launch", lambda kern, grid, *args, **kw: launched.append(
+        (getattr(kern, "__name__", None) or kern.fn.__name__, grid, args, kw)))
+    real_descriptor = gluon._descriptor
+    monkeypatch.setattr(gluon, "_descriptor", lambda *a, **kw: built.append(real_descriptor(*a, **kw)) or built[-1])
+    b, hq, hkv, n, d = 2, 4, 2, 300, 64
+    q, k, v, _ = make_inputs(b, hq, hkv, n, d, torch.float32, "cpu")
+    do, o = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(b, hq, n)
+    plan = plan_for("window=100", q.device, q.dtype, d, hq, hkv, n)
+    dq, dk, dv = gluon.backward(do, q, k, v, o, lse, None, plan, d ** -0.5, fused=fused)
+    names = [name for name, *_ in launched]
+    assert names == (["msa_bwd_pre", "msa_gluon_bwd_dkdv"] if fused else
+                     ["msa_bwd_pre", "msa_gluon_bwd_dkdv", "msa_gluon_bwd_dq"]), names
+    assert [kw["FUSE"] for name, _, _, kw in launched if name == "msa_gluon_bwd_dkdv"] == [fused]
+    taken = {id(a) for *_, args, _ in launched for a in args}
+    assert all(id(x) in taken for x in built), "a descriptor no launch takes"
+    copies = [x for x in built if list(x.block_shape) == [gluon.BWD_BLOCK_M, d // 2]]   # the fp32 copy's halves
+    assert len(copies) == int(fused) and all(x.base.dtype == torch.float32 for x in copies)
+    if fused:
+        assert not dq.any()   # the zeroed copy, which the recorded launches did not add to
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
