@@ -125,6 +125,7 @@ def _plain_dense(kplan: KernelPlan) -> bool:
     return kplan.dense and not kplan.has_window and not kplan.documents and not kplan.topk
 
 
+@functools.lru_cache(maxsize=256)   # asked on every call's route (launch._gluon_route)
 def _plain_window(kplan: KernelPlan) -> bool:
     """A plain window plan the family runs (``pattern_reason``): dilation 1, with or without a sink,
     no run-time rows, top-k, global or random blocks."""
