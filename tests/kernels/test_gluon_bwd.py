@@ -712,6 +712,19 @@ def test_deterministic_picks_the_fused_backward(monkeypatch, flag, torch_mode, f
     assert seen == [fused, fused]
 
 
+def _spy_backward_form(monkeypatch) -> list:
+    """Every backward goes to the Gluon launcher, replaced by a spy: the list of the ``fused``
+    flags it was called with (zero gradients returned)."""
+    from msa_codegen.kernels import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, q, backward=False: backward)
+    monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
+    monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
+        torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
+    return seen
+
+
 def test_fused_reason_and_a_triton_without_a_tma_reduce(monkeypatch):
     """``fused_reason``: GQA top-k keeps the two kernels (measured slower fused); on a Triton whose
     Gluon has no TMA reduce-add it says so and ``deterministic=False`` runs the two-kernel backward
@@ -722,13 +735,7 @@ def test_fused_reason_and_a_triton_without_a_tma_reduce(monkeypatch):
     assert gluon.fused_reason([_plan("topk=16")], 1) is None and gluon.fused_reason([_plan("window=64")], 4) is None
     monkeypatch.setattr(gluon, "api", lambda: ({**NAMES, "tma_add": None}, None))
     assert "no TMA reduce-add" in gluon.fused_reason()
-    from msa_codegen.kernels import launch
-
-    seen = []
-    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, q, backward=False: backward)
-    monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
-    monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
-        torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
+    seen = _spy_backward_form(monkeypatch)
     q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
     torch.autograd.grad(msa.attention(q, k, v, "window=16", deterministic=False).sum(), (q, k, v))
     assert seen == [False]
@@ -750,13 +757,7 @@ def test_a_large_dq_copy_takes_the_two_kernels(monkeypatch):
     # the bench rows at N=131072 keep the fused form (D=128: 16 and 32 query heads), N=1M does not
     assert gluon.fused_reason(window, 4, 32 * 131072 * 128) is None
     assert gluon.fused_reason(window, 1, 16 * (1 << 20) * 128) is not None
-    from msa_codegen.kernels import launch
-
-    seen = []
-    monkeypatch.setattr(launch, "_gluon_route", lambda plan, q_pos, q, backward=False: backward)
-    monkeypatch.setattr(gluon, "why_not_bwd", lambda *a: None)
-    monkeypatch.setattr(gluon, "backward", lambda do, q, k, v, *a, fused=False, **kw: seen.append(fused) or (
-        torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)))
+    seen = _spy_backward_form(monkeypatch)
     q, k, v, _ = make_inputs(1, 2, 1, 40, 16, torch.float32, "cpu")
     for limit, fused in ((4 * q.numel(), True), (4 * q.numel() - 1, False)):
         monkeypatch.setattr(gluon, "FUSED_DQ_MAX_BYTES", limit)
