@@ -23,7 +23,6 @@ Needs a CUDA GPU. Cases: the short ones of msa-bench and bench_dynamic.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import time
@@ -127,23 +126,18 @@ def main(argv=None) -> None:
     from msa_codegen.bench import kernel_families
     from msa_codegen.kernels import gluon
 
-    setting = os.environ.get(gluon.ENV)
     for family in filter(None, args.families.split(",")):
-        os.environ[gluon.ENV] = {"triton": "0", "gluon": "1"}[family]
-        for _ in range(3):
-            fwd_bwd()
-        ran = kernel_families(fwd_bwd)
-        k_f, _ = kernels_ms(fwd)
-        k_fb, per = kernels_ms(fwd_bwd)
-        print(f"0. {family} ({ran}): host fwd {host_ms(fwd):.3f} ms, fwd+bwd {host_ms(fwd_bwd):.3f} ms | back to "
-              f"back fwd {loop_ms(fwd):.3f} ms, fwd+bwd {loop_ms(fwd_bwd):.3f} ms | kernels fwd {k_f:.3f} ms, "
-              f"fwd+bwd {k_fb:.3f} ms")
+        with gluon.forced({"triton": "0", "gluon": "1"}[family]):
+            for _ in range(3):
+                fwd_bwd()
+            ran = kernel_families(fwd_bwd)
+            k_f, _ = kernels_ms(fwd)
+            k_fb, per = kernels_ms(fwd_bwd)
+            print(f"0. {family} ({ran}): host fwd {host_ms(fwd):.3f} ms, fwd+bwd {host_ms(fwd_bwd):.3f} ms | back "
+                  f"to back fwd {loop_ms(fwd):.3f} ms, fwd+bwd {loop_ms(fwd_bwd):.3f} ms | kernels fwd {k_f:.3f} "
+                  f"ms, fwd+bwd {k_fb:.3f} ms")
         for name, ms in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
             print(f"   {ms:8.3f} ms  {name[:100]}")
-    if setting is None:
-        os.environ.pop(gluon.ENV, None)
-    else:
-        os.environ[gluon.ENV] = setting
 
     for _ in range(5):
         fwd_bwd()
