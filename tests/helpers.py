@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import msa_codegen as msa
+from msa_codegen.kernels import gluon as _gluon
+from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.reference import relative_error
+from msa_codegen.pattern.spec import parse
 
 # relative-error floors per dtype; the bound is max(floor, 2 x PyTorch's own same-dtype error)
 FLOOR = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -411,6 +414,19 @@ class GlNumpyTensors(_GlNumpy):
     arange = staticmethod(lambda start, end, layout=None: np.arange(start, end))
     SliceLayout = staticmethod(lambda dim, parent: None)
     convert_layout = staticmethod(lambda x, layout: x)
+
+
+#: (names, why not) of this Triton's Gluon for Hopper (``gluon.api``), and the Gluon tests' mark
+#: for what needs it
+GLUON_NAMES, WHY_NO_GLUON = _gluon.api()
+needs_gluon_api = pytest.mark.skipif(GLUON_NAMES is None, reason=f"no Gluon for Hopper here: {WHY_NO_GLUON}")
+
+
+def first_plan(pattern: str, documents: bool = False):
+    """The kernel plan of a pattern's first head group; ``documents``: as a call with cu_seqlens
+    lowers it."""
+    spec = parse(pattern).groups[0].spec
+    return lower(spec, **CU_SEQLENS) if documents else lower(spec)
 
 
 def rendered_helpers(src: str, functions, constants, name: str = "<gluon tiling>", gl=_GlNumpy) -> dict:

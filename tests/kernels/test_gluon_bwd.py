@@ -22,21 +22,13 @@ import torch
 import triton
 
 import msa_codegen as msa
-from helpers import FLOOR, SASS_OF, GlPointer as _Ptr, GlScalar as _I, chunked_reference, gluon_docs, lowp_attention, \
-    make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs
+from helpers import FLOOR, GLUON_NAMES as NAMES, SASS_OF, GlPointer as _Ptr, GlScalar as _I, chunked_reference, \
+    gluon_docs, lowp_attention, make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs, \
+    first_plan as _plan, needs_gluon_api as needs_api, WHY_NO_GLUON as WHY_NO_API
 from msa_codegen.kernels import gluon, render as codegen
-from msa_codegen.pattern.lowering import CU_SEQLENS, lower
+from msa_codegen.pattern.lowering import CU_SEQLENS
 from msa_codegen.pattern.spec import parse
 from msa_codegen.plan import plan_for
-
-NAMES, WHY_NO_API = gluon.api()
-needs_api = pytest.mark.skipif(NAMES is None, reason=f"no Gluon for Hopper here: {WHY_NO_API}")
-
-
-def _plan(pattern: str, documents: bool = False):
-    """The first head group's plan; ``documents``: as a call with cu_seqlens lowers it."""
-    spec = parse(pattern).groups[0].spec
-    return lower(spec, **CU_SEQLENS) if documents else lower(spec)
 
 
 ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",

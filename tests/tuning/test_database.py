@@ -17,7 +17,7 @@ from msa_codegen.tuning.database import SchemaError, TuningDB
 from msa_codegen.tuning.keys import bucket
 from msa_codegen.tuning.lookup import reload
 
-from tuning_helpers import FWD, PATTERN, _as_schema, _as_schema_1, call_config, put, row, tmp_home, which  # noqa: F401 (tmp_home: autouse)
+from tuning_helpers import FWD, PATTERN, _as_schema, call_config, put, row, tmp_home, which  # noqa: F401 (tmp_home: autouse)
 
 DATA = Path(__file__).parent / "data"
 SCHEMA_2_DB = DATA / "tuning_schema2.db"
@@ -145,15 +145,17 @@ def test_a_comment_in_the_kernels_keeps_the_key(monkeypatch):
     assert codegen.code_only("x = '#not a comment'  # a comment\n\n  \ny = 2\n") == "x = '#not a comment'\ny = 2\n"
 
 
-def test_schema_1_user_db_is_rekeyed_on_open(tmp_home):
-    """A user database of schema 1 (rows keyed by the old hash, comments included) is migrated
-    the first time the lookup reads it: its rows run, the file is schema 3, and a row that
-    matched no kernels stays stale."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_user_db_is_rekeyed_on_open(tmp_home, version):
+    """A user database of schema 1 (rows keyed by the old hash, comments included) or 2 (column
+    template_hash, rows keyed by the kernels as schema 2 spelled them) is migrated the first time
+    the lookup reads it: the column is kernel_hash, its rows run, the file is schema 3, and a row
+    that matched no kernels stays stale."""
     path = tmp_home / "tuning.db"
     put(path, row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=1024,
                   config={**FWD, "block_m": 16, "num_stages": 1}),
         row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=4096))
-    _as_schema_1(path)
+    _as_schema(path, version)
     con = sqlite3.connect(path)
     con.execute("UPDATE msa_tuning SET template_hash = '0123456789abcdef' WHERE bucket = 4096")
     con.commit()
@@ -168,54 +170,18 @@ def test_schema_1_user_db_is_rekeyed_on_open(tmp_home):
     assert hashes == {1024: kernel_hash(PATTERN), 4096: "0123456789abcdef"}
 
 
-def test_schema_1_export_is_rekeyed_on_import(tmp_path):
-    from msa_codegen.tuning.migrations import kernel_hash_v1
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_old_export_is_rekeyed_on_import(tmp_path, version):
+    from msa_codegen.tuning.migrations import kernel_hash_v1, kernel_hash_v2
 
+    old_key = {1: kernel_hash_v1, 2: kernel_hash_v2}[version]
     a, b = tmp_path / "a.db", tmp_path / "b.db"
     put(a, row(), row(direction="bwd"))
     with TuningDB(a) as db:
         doc = db.export()
-    rows = [{**{k: v for k, v in r.items() if k != "kernel_hash"}, "template_hash": kernel_hash_v1(r["pattern"])}
+    rows = [{**{k: v for k, v in r.items() if k != "kernel_hash"}, "template_hash": old_key(r["pattern"])}
             for r in doc["rows"]]
-    doc = dict(doc, schema_version=1, rows=rows)
-    with TuningDB(b) as db:
-        assert db.import_(doc) == 2
-        assert {r["kernel_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}
-
-
-def test_schema_2_user_db_is_rekeyed_on_open(tmp_home):
-    """A user database of schema 2 (column template_hash, rows keyed by the kernels as schema 2
-    spelled them) is migrated the first time the lookup reads it: the column is kernel_hash, its
-    rows run, and a row that matched no kernels stays stale."""
-    path = tmp_home / "tuning.db"
-    put(path, row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=1024,
-                  config={**FWD, "block_m": 16, "num_stages": 1}),
-        row(gpu="cpu-interpreter", capability="cpu", dtype="float32", head_dim=16, gqa_group=2, bucket_=4096))
-    _as_schema(path, 2)
-    con = sqlite3.connect(path)
-    con.execute("UPDATE msa_tuning SET template_hash = '0123456789abcdef' WHERE bucket = 4096")
-    con.commit()
-    con.close()
-    reload()
-    cfg, source = call_config(40)
-    assert source.startswith("fwd: user db") and cfg.fwd.block_m == 16
-    con = sqlite3.connect(path)
-    assert con.execute("SELECT version FROM msa_schema").fetchone() == (3,)
-    hashes = dict(con.execute("SELECT bucket, kernel_hash FROM msa_tuning").fetchall())
-    con.close()
-    assert hashes == {1024: kernel_hash(PATTERN), 4096: "0123456789abcdef"}
-
-
-def test_schema_2_export_is_rekeyed_on_import(tmp_path):
-    from msa_codegen.tuning.migrations import kernel_hash_v2
-
-    a, b = tmp_path / "a.db", tmp_path / "b.db"
-    put(a, row(), row(direction="bwd"))
-    with TuningDB(a) as db:
-        doc = db.export()
-    rows = [{**{k: v for k, v in r.items() if k != "kernel_hash"}, "template_hash": kernel_hash_v2(r["pattern"])}
-            for r in doc["rows"]]
-    doc = dict(doc, schema_version=2, rows=rows)
+    doc = dict(doc, schema_version=version, rows=rows)
     with TuningDB(b) as db:
         assert db.import_(doc) == 2
         assert {r["kernel_hash"] for r in db.rows()} == {kernel_hash(PATTERN)}

@@ -109,7 +109,3 @@ def _as_schema(path, version):
         con.execute("UPDATE msa_tuning SET template_hash = ? WHERE id = ?", (OLD_KEYS[version](pattern), row_id))
     con.commit()
     con.close()
-
-
-def _as_schema_1(path):
-    _as_schema(path, 1)
