@@ -136,9 +136,9 @@ def _plain_window(kplan: KernelPlan) -> bool:
 #: (``window_flops``) into the Gluon family. Below it the Gluon call's longer host path outweighs
 #: its faster kernels. H100, Triton 3.6, 2026-12-05, forward+backward time, Gluon against Triton:
 #: 1.24-1.54x at 3-30 GFLOP (``gluon_bench.py --shape``); through ``attention`` (msa-bench, D=64,
-#: B=8, H=12) ``causal=false,window=256`` N=4096 (51 GFLOP) 1.18x, 512 at N=4096 (97 GFLOP)
+#: B=8, H=12) ``causal=false,window=256`` N=4096 (50 GFLOP) 1.18x, 512 at N=4096 (96 GFLOP)
 #: 0.99x, 256 at N=8192 (101 GFLOP) 0.86x, 512 at N=8192 (200 GFLOP) 0.84x. (On an H200's host,
-#: 12-05, the 51 GFLOP row ran at 0.84x: the crossing depends on the CPU.)
+#: 12-05, the 50 GFLOP row ran at 0.84x: the crossing depends on the CPU.)
 WINDOW_MIN_FLOPS = float(1 << 36)
 
 
