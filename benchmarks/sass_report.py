@@ -6,8 +6,9 @@
 Compiles one generated kernel (bf16, tensor descriptors on) for an sm_90 target with the Triton
 that is installed (its bundled ptxas) and prints ptxas's register count and stack bytes, then,
 for every loop that issues wgmma (HGMMA), its length in instructions, the local-memory spill
-instructions in it, and where each HGMMA shape reads its A operand (registers or shared
-memory). To see what the GPU image compiles, install its Triton beside the project's, e.g.
+instructions in it, where each HGMMA shape reads its A operand (registers or shared memory),
+and, when forward branches inside it give an iteration more than one path (a masked block's
+own branch), the shortest and longest path. To see what the GPU image compiles, install its Triton beside the project's, e.g.
 ``pip install --no-deps --target /tmp/t36 triton==3.6.0`` and run with
 ``PYTHONPATH=/tmp/t36:$PWD``. Not part of the package: it turns a suspicion about register
 pressure into numbers before a GPU run. Needs tests/aot_check.py (its ``compile_kernel``).
@@ -64,8 +65,37 @@ def report(compiled, label: str, dump: str | None = None) -> None:
             if m:
                 sources[(m.group(1), "smem" if m.group(2).startswith("gdesc") else "registers")] += 1
         src = ", ".join(f"{shape} A from {where} x{c}" for (shape, where), c in sorted(sources.items()))
+        lo, hi = _path_lengths(span)
+        paths = f"; paths through it {lo} to {hi} instructions" if lo != hi else ""
         print(f"  loop of {len(body)} instructions: {spills} spill loads/stores, {ops.get('MUFU.EX2', 0)} MUFU.EX2, "
-              f"{ops.get('FSEL', 0)} FSEL; {src}", flush=True)
+              f"{ops.get('FSEL', 0)} FSEL; {src}{paths}", flush=True)
+
+
+def _path_lengths(span) -> tuple[int, int]:
+    """The fewest and the most instructions an iteration of a loop (``span``: its (address,
+    instruction) pairs, head to back edge) issues, over its forward branches taken or not (an
+    unconditional one always taken): a loop whose masked blocks take a branch of their own has
+    two, the unmasked iteration being the short one. Predicated instructions count as issued."""
+    at = {a: i for i, (a, _) in enumerate(span)}
+    lengths = set()
+
+    def walk(i, issued, depth):
+        while i < len(span):
+            issued += 1
+            text = span[i][1]
+            if i == len(span) - 1:
+                lengths.add(issued)
+                return
+            target = re.findall(r"0x([0-9a-f]+)", text) if "BRA" in text else []
+            if target and int(target[-1], 16) in at and at[int(target[-1], 16)] > i:
+                if depth < 12:   # at most 2^12 paths
+                    walk(at[int(target[-1], 16)], issued, depth + 1)
+                if not text.startswith("@"):
+                    return
+            i += 1
+
+    walk(0, 0, 0)
+    return (min(lengths), max(lengths)) if lengths else (len(span), len(span))
 
 
 def main(argv=None):
