@@ -50,8 +50,8 @@ def lowp_attention(q, k, v, mask, scale):
 
 
 def check_attention(pattern, b=1, hq=2, hkv=1, n=129, d=32, dtype=torch.float32, device="cpu",
-                    layout="bhnd", scale=None):
-    q, k, v, seed = make_inputs(b, hq, hkv, n, d, dtype, device, layout)
+                    layout="bhnd", scale=None, seed=None):
+    q, k, v, seed = make_inputs(b, hq, hkv, n, d, dtype, device, layout, seed)
     out, lse = msa.attention(q, k, v, pattern, scale=scale, return_lse=True)
     assert out.dtype == q.dtype and out.shape == q.shape and out.stride() == q.stride()
     assert lse.dtype == torch.float32 and lse.shape == (b, hq, n)
@@ -221,6 +221,55 @@ def check_dynamic(pattern, b=1, hq=2, hkv=1, nq=129, nk=None, d=32, dtype=torch.
     mask = msa.mask(pattern, nq, hq, device, num_kv_heads=hkv, batch=b, **dyn) if dtype != torch.float32 else None
     return assert_matches_reference(pattern, seed, q, k, v, do, mask, d ** -0.5, (out, lse, grads),
                                     (ref, ref_lse, ref_grads))
+
+
+def random_pattern(rng: random.Random, n: int) -> str:
+    """A random pattern over N rows: both directions; one to three of window (with a dilation
+    sometimes), sink, global (bidirectional), random and top-k blocks of 16-128, or dense;
+    sometimes two head groups (``grouped_heads``). Every term's edge cases come up: windows of 1
+    and of N, sinks and globals past N."""
+    causal = rng.random() < 0.6
+    terms = [] if causal else ["causal=false"]
+    kinds = rng.sample(["window", "sink", "global", "random", "topk", "dense"], rng.randint(1, 3))
+    if "dense" in kinds:
+        return ",".join(terms) or "causal"
+    if "window" in kinds or not ({"global", "random", "topk"} & set(kinds)) or ("global" in kinds and causal):
+        terms.append(f"window={rng.randint(1, max(1, n))}")
+        if rng.random() < 0.4:
+            terms.append(f"dilation={rng.randint(2, 5)}")
+    if "sink" in kinds:
+        terms.append(f"sink={rng.randint(1, 12)}")
+    if "global" in kinds and not causal:
+        terms.append(f"global={rng.randint(1, 12)}")
+    if "random" in kinds:
+        terms.append(f"random={rng.randint(1, 3)},seed={rng.randint(0, 99)}")
+    if "topk" in kinds:
+        terms.append(f"topk={rng.randint(1, 4)}")
+    if "random" in kinds or "topk" in kinds:
+        terms.append(f"block={rng.choice([16, 32, 64, 128])}")
+    return ",".join(terms)
+
+
+def random_case(rng: random.Random, dtypes) -> dict:
+    """One random call of ``check_dynamic``: a pattern (``random_pattern``, sometimes split in two
+    head groups), N 1-260, B 1-2, GQA 1-3 over 1-2 KV heads, head dim 16-72 (not only powers of
+    two), a dtype of ``dtypes``, packed documents (cu_seqlens) sometimes, block_indices
+    when the pattern has top-k."""
+    n = rng.randint(1, 260)
+    hkv = rng.choice([1, 1, 2])
+    hq = hkv * rng.choice([1, 2, 3])
+    pattern = random_pattern(rng, n)
+    if hq >= 2 and "topk" not in pattern and rng.random() < 0.3:
+        other = random_pattern(rng, n)
+        if "topk" not in other:
+            cut = rng.randint(0, hq - 2)
+            pattern = f"0-{cut}:{pattern};{cut + 1}-{hq - 1}:{other}"
+    docs = "topk" not in pattern and "global" not in pattern and "random" not in pattern and rng.random() < 0.25
+    make = (topk_inputs(pattern) if "topk" in pattern
+            else docs_inputs(max_len=rng.randint(3, 60)) if docs else None)
+    return dict(pattern=pattern, b=1 if docs else rng.choice([1, 1, 2]), hq=hq, hkv=hkv, nq=n,
+                d=rng.choice([16, 24, 32, 40, 64, 72]), dtype=rng.choice(dtypes), make=make,
+                seed=rng.randrange(2**31))
 
 
 def _blk(pattern):

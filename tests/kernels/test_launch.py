@@ -8,6 +8,8 @@ These are the Triton family's tests: ``MSA_CODEGEN_GLUON=0`` throughout (on Hopp
 automatic choice would run most plain patterns in the Gluon family, tested in test_gluon*.py),
 except FlexAttention's comparison, which runs what ``attention`` chooses.
 """
+import random
+
 import pytest
 import torch
 
@@ -16,7 +18,8 @@ from msa_codegen.config import BwdConfig, FwdConfig, LaunchConfig, use_config
 from msa_codegen.kernels import gluon, schedule
 from msa_codegen.kernels import tma as tma_policy
 
-from helpers import FLOOR, check_attention, check_dynamic, chunked_reference, make_inputs, rel_err, spy_scratch, topk_inputs
+from helpers import FLOOR, check_attention, check_dynamic, chunked_reference, make_inputs, random_case, rel_err, \
+    spy_scratch, topk_inputs
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +54,27 @@ PATTERNS = [
     "causal=false,window=3,dilation=4,global=5,random=3,block=32",
     "0-0:window=6;1-1:causal=false,window=9,dilation=2",
 ]
+
+
+def test_random_calls(device):
+    """Fresh random calls (``random_case``: terms, head groups, lengths, head dims, GQA ratios,
+    layouts, packed documents, top-k blocks, dtypes) against the float64 reference: output,
+    LSE and every gradient. The seed that drew them is in a failure's message."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device.type == "cuda" else [])
+    for _ in range(4):
+        c = random_case(rng, dtypes)
+        layout = rng.choice(["bhnd", "bnhd"])
+        shape = dict(b=c["b"], hq=c["hq"], hkv=c["hkv"], d=c["d"], dtype=c["dtype"], device=device)
+        try:
+            if c["make"] is None:
+                check_attention(c["pattern"], n=c["nq"], layout=layout, seed=c["seed"], **shape)
+            else:
+                check_dynamic(c["pattern"], nq=c["nq"], make=c["make"], seed=c["seed"], **shape)
+        except Exception as e:
+            raise AssertionError(f"random case of seed {seed}: {c['pattern']!r} {shape} N={c['nq']} "
+                                 f"{layout if c['make'] is None else 'run-time inputs'}: {e}") from e
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
