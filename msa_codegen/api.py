@@ -158,7 +158,8 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
             One document (``[0, N]``) is the plain pattern and runs its kernels, after the same checks.
         q_pos, k_pos: int32/int64 ``(B, Hq, Nq)`` / ``(B, Hkv, Nk)`` or broadcastable (``(Nq,)``):
             original positions of compacted rows; the pattern is evaluated on them and Nq may
-            differ from Nk. Non-decreasing along the sequence (blocks are skipped by position
+            differ from Nk (not with a ``random=R`` term, whose blocks are drawn over one length:
+            ValueError). Non-decreasing along the sequence (blocks are skipped by position
             ranges).
         q_bucket, k_bucket: int32/int64, shaped like the positions: a query sees a key only when
             their buckets are equal. Rows sorted by (bucket, position) (``hash_sort`` does it).
