@@ -2,10 +2,12 @@
 
 Rank r holds the contiguous rows ``[start_r, end_r)`` of q, k and v. A call:
 
-1. all-gathers a few integers per rank (slice length, shapes, dtype): the lengths when
-   ``seq_lens`` is not given, and the same clear error on every rank when shapes disagree;
+1. all-gathers a few integers per rank (slice length, shapes, dtype): the lengths (``seq_lens``,
+   when given, is checked against them), and the same clear error on every rank when shapes
+   disagree;
 2. fetches the K/V rows the rank's queries can see from their owners (``halo.py`` says which:
-   a window's halo, the sinks, everything for dense/global/topk), one batch of P2P ops;
+   a window's halo, the sinks, the first G rows of ``global=G`` (everything for a rank holding
+   a global row), everything for dense and top-k), one batch of P2P ops;
 3. runs the single-device kernels on (local queries, fetched keys) with ``q_pos`` / ``k_pos``
    set to the global rows, so the pattern is evaluated in global coordinates;
 4. in the backward, the kernels' dK/dV of fetched rows go back to their owners (``exchange.py``).

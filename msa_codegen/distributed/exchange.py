@@ -1,7 +1,7 @@
 """Moving rows between ranks: a differentiable fetch over torch.distributed point-to-point ops.
 
-``fetch(tensors, plans, me, comm)`` gives rank ``me``, for every ``(B, H, n_local, D)`` tensor, a
-tensor of the rows its plan names, in row order, each taken from the rank that owns it
+``fetch(tensors, plans, starts, comm)`` gives rank ``comm.rank``, for every ``(B, H, n_local, D)``
+tensor, a tensor of the rows its plan names, in row order, each taken from the rank that owns it
 (``halo.exchange_plan``). One batch of ``isend``/``irecv`` per direction moves them: one message
 per peer, holding the pieces of every tensor back to back. The backward is the mirror image:
 the gradients of the fetched rows go back to their owners, which add them to their own.

@@ -32,7 +32,8 @@ returns an ``MsaMask`` that the attention function turns into msa's run-time inp
 
 Anything else (mask overlays of multimodal models, chunked attention, a ready-made 4D mask,
 softcapping, attention sinks, dropout in training, bidirectional attention) raises an error
-that says what is supported: never a silent wrong answer.
+that says what is supported: never a silent wrong answer in eager mode (under torch.compile one
+overlay is not seen: docs/transformers.md, "torch.compile").
 
 Under ``torch.compile`` transformers cannot tell packed ``position_ids`` from plain ones
 without reading them, so it always builds its packed-sequence mask there; this integration
