@@ -49,6 +49,10 @@
 #              backward through attention(deterministic=False / True), one process, and for
 #              msa-bench's plain cases the Triton family's too; ARGS e.g.
 #              docs-w4096,topk16-gqa,gqa-w4096,enc-w256-4k
+#   cross-triton  benchmarks/cross_triton.py run: the Triton family's kernels as another Triton
+#              compiled them (``python benchmarks/cross_triton.py emit --out DIR`` in that Triton's
+#              virtual environment, no GPU; DIR carried here) against this Triton's, kernel time on
+#              the launches of one call per msa-bench case; ARGS e.g. --from .xt38
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs, listed) against the Triton forward, dense patterns and windows, one
 #              process; ARGS e.g. --cases 0,7
@@ -170,6 +174,9 @@ case "$suite" in
     rc=${PIPESTATUS[0]} ;;
   gluon-orders)
     { header; limit python3 benchmarks/gluon_orders.py "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  cross-triton)
+    { header; limit python3 benchmarks/cross_triton.py run "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   gluon)
     T1=${T1:-180}; T2=${T2:-80}

@@ -1,5 +1,7 @@
 """The benchmark's own arithmetic, checked on the CPU: the peer's mask, the pair count, and the
 note that names the kernel family that ran."""
+import inspect
+
 import pytest
 import torch
 
@@ -84,3 +86,51 @@ def test_gluon_ab_cases_count_the_contracts_pairs(pattern, n, doc_len):
     assert set(inputs) == ({"block_indices"} if "topk" in pattern else {"cu_seqlens"})
     mask = msa.mask(pattern, n, 2, "cpu", num_kv_heads=2, batch=1, **inputs)
     assert pairs == int(mask[0, 0].sum()) == int(mask[0, 1].sum()) > 0, label
+
+
+def test_cross_triton_emit_writes_each_kernel_once(tmp_path):
+    """benchmarks/cross_triton.py emit (no GPU): a case's forward, dK/dV and dQ compiled for sm_90
+    as a launch specialises them, a cubin and a JSON line each, keyed so that the GPU side finds
+    them; a case that shares its kernels adds none; run refuses without a GPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU side is what runs here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    script = os.path.join(root, "benchmarks", "cross_triton.py")
+    p = subprocess.run([sys.executable, script, "emit", "--out", str(tmp_path), "--cases", "d64-w4096,d64-w4096"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "kernels.jsonl").read_text().splitlines()]
+    assert sorted(r["name"] for r in rows) == ["msa_bwd_dkdv", "msa_bwd_dq", "msa_fwd"]
+    for r in rows:
+        assert (tmp_path / f"{r['key']}.cubin").stat().st_size > 0
+        assert r["consts"]["HEAD_DIM"] == 64 and r["params"] and r["shared"] > 0, r
+    p = subprocess.run([sys.executable, script, "run", "--from", str(tmp_path)], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode != 0 and "needs a CUDA GPU" in p.stderr
+
+
+def test_cross_triton_matches_a_recorded_launch_to_its_kernel():
+    """The GPU side's pairing of a recorded launch with an emitted kernel: by name, warps, stages
+    and the kernel's own constexprs (``resources.launches`` names some that only other kernels
+    take); another configuration's launch pairs with nothing."""
+    ct = _benchmark_module("cross_triton")
+    case = next(c for c in ct._cases("d64-w4096"))
+    wanted = ct._wanted(case)
+    assert sorted(entry[1].__name__ for entry in wanted.values()) == ["msa_bwd_dkdv", "msa_bwd_dq", "msa_fwd"]
+    for (name, consts, warps, stages), entry in wanted.items():
+        kern = entry[1]
+        params = inspect.signature(kern.fn).parameters
+        assert {n for n, _ in consts} <= set(params), "a constexpr the kernel does not take"
+        # what the launcher passes: the kernel's constexprs and the launch options
+        kw = dict(consts, num_warps=warps, num_stages=stages, enable_fp_fusion=True)
+        assert ct._match(kern, kw, wanted) is entry
+        assert ct._match(kern, dict(kw, num_stages=stages + 1), wanted) is None
+        assert ct._match(kern, dict(kw, BLOCK_M=kw["BLOCK_M"] * 2), wanted) is None

@@ -1,0 +1,358 @@
+"""The Triton family's kernels as another Triton compiles them, timed on this GPU beside this Triton's.
+
+    python benchmarks/cross_triton.py emit --out DIR [--cases w4096,bidir-w512,dense-causal]
+    python benchmarks/cross_triton.py run --from DIR [--rounds 5] [--reps 20]
+
+The GPU image runs one Triton (3.6) while a fresh install resolves another (3.8 with torch 2.14.1,
+3.9 with 2.15), and a Triton wheel does not fit what the device machine can carry. Their
+compilers differ most in the backward (benchmarks/NOTES.md, "The Triton family's backward on the
+Tritons a fresh install resolves"). This compares the compilers on the same GPU:
+
+- ``emit`` (any machine, no GPU; run it in a virtual environment of the other Triton): for each
+  msa-bench case (``msa_codegen.bench.CASES``), the forward and backward kernels that case
+  launches at the heuristic's default configuration on sm_90 (``tuning.resources.launches``),
+  compiled ahead of time as a launch specialises them (``resources._signature``: 16-byte aligned
+  pointers, integers divisible by 16, unit strides constant), bf16. DIR gets each kernel's cubin
+  and a JSON line of what it is (a few MB in all: carry DIR to the GPU).
+- ``run`` (the GPU): each case's call once under that default configuration
+  (``use_config``, ``MSA_CODEGEN_GLUON=0``), its launches recorded; per recorded launch of a
+  kernel that DIR holds, three forms of it on the launch's own arguments: the kernel this
+  process's Triton compiled for the call (``jit``), the same ahead-of-time compile by this
+  Triton (``aot``: checks that the ahead-of-time specialisation times as the call's), and DIR's
+  cubin loaded into that kernel's launcher (``other``; refused unless its parameters, shared
+  memory and scratch match). Each form's outputs must equal the ``jit`` form's to the bit or
+  within 1e-3 relative; then the forms are timed in interleaved rounds (CUDA events, the median
+  of the rounds' means). Last, a table: ms per kernel and other / aot.
+
+Kernel time only: the host path is each Triton's own and is not compared here.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+DEFAULT_CASES = "w4096,bidir-w512,dense-causal,d64-w4096"
+#: kernels compared (the stats pass, msa_bwd_pre, is element-wise and left out)
+KERNELS = ("msa_fwd", "msa_bwd_dkdv", "msa_bwd_dq")
+
+
+def _cases(names: str):
+    from msa_codegen.bench import CASES
+
+    by_name = {c.name: c for c in CASES}
+    unknown = [n for n in names.split(",") if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown cases {unknown}; msa-bench's: {', '.join(by_name)}")
+    return [by_name[n] for n in names.split(",")]
+
+
+def _default(case):
+    from msa_codegen.heuristics import default_config
+
+    return default_config(torch.device("cuda"), case.d, torch.bfloat16, capability="9.0", pattern=case.pattern)
+
+
+def _launches(case):
+    """(direction, label, kernel, constexprs, warps, stages) of the case's Triton-family launches."""
+    from msa_codegen.tuning import resources
+
+    import inspect
+
+    cfg = _default(case)
+    out = []
+    for direction, params in (("fwd", cfg.fwd), ("bwd", cfg.bwd)):
+        for label, kern, consts, warps, stages in resources.launches(
+                case.pattern, direction, dataclasses.asdict(params), head_dim=case.d, dtype=torch.bfloat16,
+                heads=case.hq, kv_heads=case.hkv, seqlen=case.n):
+            # the kernel's own constexprs (launches names some that only other kernels take)
+            names = inspect.signature(kern.fn).parameters
+            out.append((direction, label, kern, {n: v for n, v in consts.items() if n in names}, warps, stages))
+    return out
+
+
+def _key(kern, consts: dict, warps: int, stages: int, group: int) -> str:
+    """The same on both machines for the same kernel source and launch: the kernel's source text,
+    its constexprs, warps, stages and GQA group."""
+    h = hashlib.sha256(kern.src.encode())
+    h.update(repr((kern.__name__, sorted(consts.items()), warps, stages, group == 1)).encode())
+    return h.hexdigest()[:20]
+
+
+def _compile(kern, consts: dict, warps: int, stages: int, group: int):
+    import triton
+    from triton.compiler import ASTSource
+
+    from msa_codegen.tuning import resources
+
+    sig, cst, attrs = resources._signature(kern, consts, "bf16", group)
+    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cst, attrs=attrs),
+                          target=resources.target_of("9.0"),
+                          options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": True})
+
+
+def _params(compiled) -> list[str]:
+    """The kernel's PTX parameter types, in order (the launch ABI both compiles must share)."""
+    import re
+
+    m = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S)
+    return re.findall(r"\.param\s+(\.\w+)", m.group(1)) if m else []
+
+
+def emit(out: Path, names: str) -> int:
+    import triton
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = out / "kernels.jsonl"
+    seen = set()
+    with index.open("w") as f:
+        for case in _cases(names):
+            group = case.hq // case.hkv
+            for direction, label, kern, consts, warps, stages in _launches(case):
+                if kern.__name__ not in KERNELS:
+                    continue
+                key = _key(kern, consts, warps, stages, group)
+                if key in seen:
+                    continue
+                seen.add(key)
+                k = _compile(kern, consts, warps, stages, group)
+                (out / f"{key}.cubin").write_bytes(k.asm["cubin"])
+                row = dict(key=key, case=case.name, direction=direction, label=label, name=k.name,
+                           consts={n: v for n, v in consts.items()}, warps=warps, stages=stages, group=group,
+                           shared=k.metadata.shared, global_scratch_size=k.metadata.global_scratch_size,
+                           profile_scratch_size=getattr(k.metadata, "profile_scratch_size", 0),
+                           params=_params(k), triton=triton.__version__)
+                f.write(json.dumps(row) + "\n")
+                print(f"[emit] {case.name} {label}: {k.name} {consts} warps {warps} stages {stages}, "
+                      f"shared {k.metadata.shared} B", flush=True)
+    print(f"wrote {len(seen)} kernels (Triton {triton.__version__}) to {out}")
+    return 0
+
+
+# ---- the GPU side --------------------------------------------------------------------------
+
+def _record(case):
+    """The case's forward + backward once at the default configuration on the Triton family: the
+    launches (kernel, grid, args, kwargs) in order, and the call's kept compiled kernels."""
+    import msa_codegen as msa
+    from msa_codegen.config import use_config
+    from msa_codegen.kernels import direct, gluon
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(case.b, case.hq, case.n, case.d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(case.b, case.hkv, case.n, case.d, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    launches = []
+    real = direct.launch
+
+    def spy(kern, grid, *args, **kw):
+        launches.append((kern, tuple(grid), args, dict(kw)))
+        return real(kern, grid, *args, **kw)
+
+    direct.launch = spy
+    try:
+        with gluon.forced("0"), use_config(_default(case)):
+            o = msa.attention(q, k, v, case.pattern)
+            o.backward(torch.randn_like(o))
+        torch.cuda.synchronize()
+    finally:
+        direct.launch = real
+    return launches, (q, k, v, o)
+
+
+def _wanted(case) -> dict:
+    """The case's compared launches by (kernel name, constexprs, warps, stages): (label, kernel,
+    constexprs)."""
+    return {(kern.__name__, tuple(sorted(consts.items())), warps, stages): (label, kern, consts)
+            for _, label, kern, consts, warps, stages in _launches(case) if kern.__name__ in KERNELS}
+
+
+def _match(kern, kw: dict, wanted: dict):
+    """The entry of ``wanted`` a recorded launch ``kern[grid](..., **kw)`` is, or None: same kernel
+    name, warps and stages, and every constexpr of the entry at the launch's value (given, else
+    the parameter's default)."""
+    import inspect
+
+    name = getattr(kern, "__name__", "")
+    defaults = {p.name: p.default for p in inspect.signature(kern.fn).parameters.values()}
+    return next((entry for (n, cs, w, s), entry in wanted.items()
+                 if n == name and w == kw.get("num_warps") and s == kw.get("num_stages")
+                 and all(kw.get(a, defaults.get(a, inspect.Parameter.empty)) == b for a, b in cs)), None)
+
+
+def _vals(kern, args, kw):
+    from msa_codegen.kernels import direct
+
+    return (*args, *direct._tail(kern, len(args), kw))
+
+
+def _runner(compiled, kern, grid, args, kw):
+    from triton import knobs
+    from triton.runtime import driver
+
+    vals = _vals(kern, args, kw)
+    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    stream = driver.active.get_current_stream(torch.cuda.current_device())
+    run = compiled.run   # loads the binary on first use
+
+    def launch():
+        run(*g, stream, compiled.function, compiled.packed_metadata, None, knobs.runtime.launch_enter_hook,
+            knobs.runtime.launch_exit_hook, *vals)
+    return launch
+
+
+def _other(aot, cubin: bytes, row: dict):
+    """``aot`` with the other Triton's binary in its place (same launcher), or (None, why)."""
+    from triton.runtime import driver
+
+    if row["params"] != _params(aot):
+        return None, "its parameters differ"
+    for field in ("global_scratch_size", "profile_scratch_size"):
+        if row[field] != getattr(aot.metadata, field, 0):
+            return None, f"{field} {row[field]} against {getattr(aot.metadata, field, 0)}"
+    aot.run   # this Triton's launcher and binary, loaded
+    other = copy.copy(aot)
+    other.kernel = cubin
+    other.module, other.function, other.n_regs, other.n_spills, _ = driver.active.utils.load_binary(
+        aot.name, cubin, row["shared"], torch.cuda.current_device())
+    other.packed_metadata = (aot.metadata.num_warps, aot.metadata.num_ctas, row["shared"])
+    return other, None
+
+
+def _tensors(args) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
+
+
+def _same_outputs(forms: dict, args) -> dict:
+    """Per form: the largest relative difference of any tensor argument from the ``jit`` form's after
+    one launch from the same state (0.0: bit for bit)."""
+    tensors = _tensors(args)
+    start = [t.detach().clone() for t in tensors]
+    after = {}
+    for name, launch in forms.items():
+        for t, s in zip(tensors, start):
+            t.data.copy_(s)
+        launch()
+        torch.cuda.synchronize()
+        after[name] = [t.detach().clone() for t in tensors]
+    for t, s in zip(tensors, start):
+        t.data.copy_(s)
+    ref = after["jit"]
+    diff = {}
+    for name, outs in after.items():
+        worst = 0.0
+        for a, b in zip(outs, ref):
+            if torch.equal(a, b):
+                continue
+            a64, b64 = a.double(), b.double()
+            worst = max(worst, ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item())
+        diff[name] = worst
+    return diff
+
+
+def _time(forms: dict, rounds: int, reps: int) -> dict:
+    times = {name: [] for name in forms}
+    for _ in range(rounds):
+        for name, launch in forms.items():
+            launch()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                launch()
+            end.record()
+            torch.cuda.synchronize()
+            times[name].append(start.elapsed_time(end) / reps)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def run(src: Path, names: str | None, rounds: int, reps: int) -> int:
+    import triton
+
+    from msa_codegen.kernels import direct
+
+    rows = [json.loads(line) for line in (src / "kernels.jsonl").read_text().splitlines() if line.strip()]
+    by_key = {r["key"]: r for r in rows}
+    other_version = rows[0]["triton"] if rows else "?"
+    names = names or ",".join(dict.fromkeys(r["case"] for r in rows))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__} against "
+          f"{other_version} (from {src})", flush=True)
+    table = []
+    for case in _cases(names):
+        group = case.hq // case.hkv
+        launches, keep = _record(case)
+        wanted = _wanted(case)
+        done = set()
+        for kern, grid, args, kw in launches:
+            match = _match(kern, kw, wanted)
+            if match is None or match[0] in done:
+                continue
+            label, _, c = match
+            done.add(label)
+            key = _key(kern, c, kw.get("num_warps"), kw.get("num_stages"), group)
+            row = by_key.get(key)
+            if row is None:
+                print(f"[{case.name}] {label}: not in {src} (emit this case with the other Triton)", flush=True)
+                continue
+            jit = next((ck for sig, (ck, _) in direct._compiled.items() if sig[0] is kern
+                        and sig[1] == len(args) and dict(sig[8]) == kw), None)
+            aot = _compile(kern, c, kw.get("num_warps"), kw.get("num_stages"), group)
+            other, why = _other(aot, (src / f"{key}.cubin").read_bytes(), row)
+            if other is None:
+                print(f"[{case.name}] {label}: the other binary cannot run in this launcher: {why}", flush=True)
+                continue
+            forms = {"jit": _runner(jit, kern, grid, args, kw)} if jit is not None else {}
+            forms.update(aot=_runner(aot, kern, grid, args, kw), other=_runner(other, kern, grid, args, kw))
+            if "jit" not in forms:
+                forms = {"jit": forms.pop("aot"), "other": forms["other"]}
+            diff = _same_outputs(forms, args)
+            bad = {n: d for n, d in diff.items() if d > 1e-3}
+            if bad:
+                print(f"[{case.name}] {label}: outputs differ from the call's kernel: {bad}; not timed", flush=True)
+                continue
+            t = _time(forms, rounds, reps)
+            base = t.get("aot", t["jit"])
+            print(f"[{case.name}] {label}: " + ", ".join(f"{n} {ms:.4f} ms" for n, ms in t.items())
+                  + f"; other / aot {t['other'] / base:.3f}; differences {diff}", flush=True)
+            table.append((case.name, label, t.get("jit"), t.get("aot"), t["other"], t["other"] / base))
+        del keep
+        torch.cuda.empty_cache()
+    print(f"\n| case | kernel | jit ms ({triton.__version__}) | aot ms ({triton.__version__}) | other ms "
+          f"({other_version}) | other / aot |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, label, j, a, o, r in table:
+        print(f"| {name} | {label} | {'-' if j is None else f'{j:.4f}'} | {'-' if a is None else f'{a:.4f}'} "
+              f"| {o:.4f} | {r:.3f} |")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("emit", help="compile the cases' kernels with this Triton for sm_90 (no GPU)")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--cases", default=DEFAULT_CASES)
+    r = sub.add_parser("run", help="time DIR's kernels against this Triton's on this GPU")
+    r.add_argument("--from", dest="src", type=Path, required=True)
+    r.add_argument("--cases", default=None, help="default: every case DIR holds")
+    r.add_argument("--rounds", type=int, default=5)
+    r.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    if args.cmd == "emit":
+        return emit(args.out, args.cases)
+    if not torch.cuda.is_available():
+        raise SystemExit("run needs a CUDA GPU")
+    return run(args.src, args.cases, args.rounds, args.reps)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
