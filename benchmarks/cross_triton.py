@@ -1,7 +1,7 @@
 """The Triton family's kernels as another Triton compiles them, timed on this GPU beside this Triton's.
 
     python benchmarks/cross_triton.py emit --out DIR [--cases w4096,bidir-w512,dense-causal]
-    python benchmarks/cross_triton.py run --from DIR [--rounds 5] [--reps 20]
+    python benchmarks/cross_triton.py run --from DIR [--rounds 5] [--rep-ms 100]
 
 The GPU image runs one Triton (3.6) while a fresh install resolves another (3.8 with torch 2.14.1,
 3.9 with 2.15), and a Triton wheel does not fit what the device machine can carry. Their
@@ -21,8 +21,8 @@ Tritons a fresh install resolves"). This compares the compilers on the same GPU:
   Triton (``aot``: checks that the ahead-of-time specialisation times as the call's), and DIR's
   cubin loaded into that kernel's launcher (``other``; refused unless its parameters, shared
   memory and scratch match). Each form's outputs must equal the ``jit`` form's to the bit or
-  within 1e-3 relative; then the forms are timed in interleaved rounds (CUDA events, the median
-  of the rounds' means). Last, a table: ms per kernel and other / aot.
+  within 1e-3 relative; then the forms are timed in interleaved rounds (``do_bench``'s median a
+  round, the median of the rounds). Last, a table: ms per kernel and other / aot.
 
 Kernel time only: the host path is each Triton's own and is not compared here.
 """
@@ -259,22 +259,20 @@ def _same_outputs(forms: dict, args) -> dict:
     return diff
 
 
-def _time(forms: dict, rounds: int, reps: int) -> dict:
+def _time(forms: dict, rounds: int, rep_ms: int) -> dict:
+    """Per form, the median over ``rounds`` interleaved rounds of ``triton.testing.do_bench``'s
+    median (``rep_ms`` of launches a round, the L2 cache flushed before each)."""
+    import triton.testing
+
     times = {name: [] for name in forms}
     for _ in range(rounds):
         for name, launch in forms.items():
-            launch()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                launch()
-            end.record()
-            torch.cuda.synchronize()
-            times[name].append(start.elapsed_time(end) / reps)
+            times[name].append(triton.testing.do_bench(launch, warmup=max(5, rep_ms // 4), rep=rep_ms,
+                                                       return_mode="median"))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def run(src: Path, names: str | None, rounds: int, reps: int) -> int:
+def run(src: Path, names: str | None, rounds: int, rep_ms: int) -> int:
     import triton
 
     from msa_codegen.kernels import direct
@@ -318,7 +316,7 @@ def run(src: Path, names: str | None, rounds: int, reps: int) -> int:
             if bad:
                 print(f"[{case.name}] {label}: outputs differ from the call's kernel: {bad}; not timed", flush=True)
                 continue
-            t = _time(forms, rounds, reps)
+            t = _time(forms, rounds, rep_ms)
             base = t.get("aot", t["jit"])
             print(f"[{case.name}] {label}: " + ", ".join(f"{n} {ms:.4f} ms" for n, ms in t.items())
                   + f"; other / aot {t['other'] / base:.3f}; differences {diff}", flush=True)
@@ -344,13 +342,13 @@ def main(argv=None) -> int:
     r.add_argument("--from", dest="src", type=Path, required=True)
     r.add_argument("--cases", default=None, help="default: every case DIR holds")
     r.add_argument("--rounds", type=int, default=5)
-    r.add_argument("--reps", type=int, default=20)
+    r.add_argument("--rep-ms", type=int, default=100, help="timing budget of one form in one round")
     args = ap.parse_args(argv)
     if args.cmd == "emit":
         return emit(args.out, args.cases)
     if not torch.cuda.is_available():
         raise SystemExit("run needs a CUDA GPU")
-    return run(args.src, args.cases, args.rounds, args.reps)
+    return run(args.src, args.cases, args.rounds, args.rep_ms)
 
 
 if __name__ == "__main__":
