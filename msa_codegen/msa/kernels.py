@@ -183,8 +183,11 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
         else:
             b_s = tl.zeros([M, BLOCK_N], dtype=tl.float32)
             for t in tl.static_range(SPAN):
+                # a proxy group in the last KV heads spans fewer than SPAN of them: no row past the
+                # last KV head is read (its zeros meet only rows of other KV heads, masked below)
+                m_nt = o_n < tl.where(kv0 + t < H // G_KV, tl.where(length > 0, N, 0), 0)
                 b_kt = tl.load(K + i_b * s_kb + (kv0 + t) * s_kh + o_n[:, None] * s_kn + o_d[None, :],
-                               mask=m_n[:, None] & m_d[None, :], other=0.0)
+                               mask=m_nt[:, None] & m_d[None, :], other=0.0)
                 b_st = tl.dot(b_q, tl.trans(b_kt), input_precision=DOT_PREC) * qk_scale
                 b_s = tl.where((r_kv == kv0 + t)[:, None], b_st, b_s)
         b_s = tl.where(m_rk, b_s, float("-inf"))
@@ -214,8 +217,10 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                 else:
                     b_o = tl.zeros([M, BLOCK_D], dtype=tl.float32)
                     for t in tl.static_range(SPAN):
+                        # as for K: past the last KV head, zeros (P's zeros times its garbage were NaN)
+                        m_nt = o_n < tl.where(kv0 + t < H // G_KV, tl.where(length > 0, N, 0), 0)
                         b_vt = tl.load(V + i_b * s_vb + (kv0 + t) * s_vh + o_n[:, None] * s_vn + o_d[None, :],
-                                       mask=m_n[:, None] & m_d[None, :], other=0.0)
+                                       mask=m_nt[:, None] & m_d[None, :], other=0.0)
                         b_pt = tl.where((r_kv == kv0 + t)[:, None], b_pr, 0.0)
                         b_o += tl.dot(b_pt.to(b_vt.dtype), b_vt, input_precision=DOT_PREC)
                 tl.atomic_add(O32 + ((i_b * H + r_h[:, None]) * N + r_i[:, None]) * D + o_d[None, :], b_o,

@@ -59,6 +59,9 @@ CASES = [
     pytest.param(190, 4, 1, 4, 2, 32, 32, 64, 192, True, id="n190-docs-mqa"),
     pytest.param(129, 2, 2, 2, 1, 80, 48, 128, 128, False, id="n129-d80-dp48-k1"),
     pytest.param(100, 2, 1, 1, 1, 160, 32, 64, 128, False, id="n100-d160-key-sub-blocks"),
+    # proxy groups of 3 heads over KV groups of 4: the second spans two KV heads (SPAN 2), the last
+    # lies in the last KV head alone, whose second span step has no KV head to read
+    pytest.param(177, 12, 3, 4, 2, 16, 32, 128, 384, False, id="n177-h12-kv3-hp4-last-group-in-the-last-kv-head"),
 ]
 
 
@@ -176,6 +179,7 @@ def test_kernels_compile_for_sm90(tmp_path):
     pytest.param(4096, 16, 2, 4, 1, 128, 128, 128, 1024, False, id="n4096-issue-heads"),
     pytest.param(3001, 8, 8, 2, 1, 64, 32, 64, 512, True, id="n3001-docs-d64-dp32"),
     pytest.param(2049, 4, 2, 1, 1, 256, 64, 128, 2048, False, id="n2049-d256-proxy-spans-kv"),
+    pytest.param(1500, 12, 3, 4, 2, 64, 64, 128, 512, False, id="n1500-h12-kv3-hp4-last-group-in-the-last-kv-head"),
 ])
 @pytest.mark.parametrize("warmup", [False, True], ids=["selected", "warmup"])
 def test_gpu_bf16_matches_reference(n, h, hkv, hp, hpk, d, dp, block, top_k, docs, warmup):
