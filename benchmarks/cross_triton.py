@@ -32,6 +32,7 @@ import argparse
 import copy
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import statistics
@@ -64,8 +65,6 @@ def _default(case):
 def _launches(case):
     """(direction, label, kernel, constexprs, warps, stages) of the case's Triton-family launches."""
     from msa_codegen.tuning import resources
-
-    import inspect
 
     cfg = _default(case)
     out = []
@@ -126,7 +125,7 @@ def emit(out: Path, names: str) -> int:
                 k = _compile(kern, consts, warps, stages, group)
                 (out / f"{key}.cubin").write_bytes(k.asm["cubin"])
                 row = dict(key=key, case=case.name, direction=direction, label=label, name=k.name,
-                           consts={n: v for n, v in consts.items()}, warps=warps, stages=stages, group=group,
+                           consts=consts, warps=warps, stages=stages, group=group,
                            shared=k.metadata.shared, global_scratch_size=k.metadata.global_scratch_size,
                            profile_scratch_size=getattr(k.metadata, "profile_scratch_size", 0),
                            params=_params(k), triton=triton.__version__)
@@ -180,8 +179,6 @@ def _match(kern, kw: dict, wanted: dict):
     """The entry of ``wanted`` a recorded launch ``kern[grid](..., **kw)`` is, or None: same kernel
     name, warps and stages, and every constexpr of the entry at the launch's value (given, else
     the parameter's default)."""
-    import inspect
-
     name = getattr(kern, "__name__", "")
     defaults = {p.name: p.default for p in inspect.signature(kern.fn).parameters.values()}
     return next((entry for (n, cs, w, s), entry in wanted.items()

@@ -224,10 +224,9 @@ def check_dynamic(pattern, b=1, hq=2, hkv=1, nq=129, nk=None, d=32, dtype=torch.
 
 
 def random_pattern(rng: random.Random, n: int) -> str:
-    """A random pattern over N rows: both directions; one to three of window (with a dilation
-    sometimes), sink, global (bidirectional), random and top-k blocks of 16-128, or dense;
-    sometimes two head groups (``grouped_heads``). Every term's edge cases come up: windows of 1
-    and of N, sinks and globals past N."""
+    """A random pattern of one head group over N rows: either direction; one to three of window
+    (with a dilation sometimes), sink, global (bidirectional), random and top-k blocks of 16-128,
+    or dense. Edge cases come up: windows of 1 and of N, sinks and globals past N."""
     causal = rng.random() < 0.6
     terms = [] if causal else ["causal=false"]
     kinds = rng.sample(["window", "sink", "global", "random", "topk", "dense"], rng.randint(1, 3))
@@ -251,10 +250,10 @@ def random_pattern(rng: random.Random, n: int) -> str:
 
 
 def random_case(rng: random.Random, dtypes) -> dict:
-    """One random call of ``check_dynamic``: a pattern (``random_pattern``, sometimes split in two
-    head groups), N 1-260, B 1-2, GQA 1-3 over 1-2 KV heads, head dim 16-72 (not only powers of
-    two), a dtype of ``dtypes``, packed documents (cu_seqlens) sometimes, block_indices
-    when the pattern has top-k."""
+    """One random call: a pattern (``random_pattern``, sometimes two of them as two head groups),
+    N 1-260, B 1-2, GQA 1-3 over 1-2 KV heads, head dim 16-72 (not only powers of two), a dtype of
+    ``dtypes``, and ``make``: the run-time inputs for ``check_dynamic`` (packed documents
+    sometimes, block_indices when the pattern has top-k), None for a plain ``check_attention``."""
     n = rng.randint(1, 260)
     hkv = rng.choice([1, 1, 2])
     hq = hkv * rng.choice([1, 2, 3])

@@ -93,27 +93,18 @@ def test_cross_triton_emit_writes_each_kernel_once(tmp_path):
     as a launch specialises them, a cubin and a JSON line each, keyed so that the GPU side finds
     them; a case that shares its kernels adds none; run refuses without a GPU."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    pytest.importorskip("triton.backends.nvidia")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU side is what runs here")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    script = os.path.join(root, "benchmarks", "cross_triton.py")
-    p = subprocess.run([sys.executable, script, "emit", "--out", str(tmp_path), "--cases", "d64-w4096,d64-w4096"],
-                       env=env, capture_output=True, text=True, timeout=600)
+    from helpers import run_sm90_script
+
+    script = "../benchmarks/cross_triton.py"   # run_sm90_script's paths are the tests folder's
+    p = run_sm90_script(script, "emit", "--out", str(tmp_path), "--cases", "d64-w4096,d64-w4096")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "kernels.jsonl").read_text().splitlines()]
     assert sorted(r["name"] for r in rows) == ["msa_bwd_dkdv", "msa_bwd_dq", "msa_fwd"]
     for r in rows:
         assert (tmp_path / f"{r['key']}.cubin").stat().st_size > 0
         assert r["consts"]["HEAD_DIM"] == 64 and r["params"] and r["shared"] > 0, r
-    p = subprocess.run([sys.executable, script, "run", "--from", str(tmp_path)], env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = run_sm90_script(script, "run", "--from", str(tmp_path))
     assert p.returncode != 0 and "needs a CUDA GPU" in p.stderr
 
 
