@@ -10,8 +10,15 @@ rest divisible by 16, as ``tuning.resources`` compiles a candidate). The interpr
 that the GPU compiler rejects (loop-carried types, scalar/tensor mixing), and ptxas can fail on
 code that compiles at other sizes (Triton 3.6's ptxas 12.8 crashed with SIGSEGV on a dense
 positional forward at the launch configuration that compiled at 64-row tiles);
-this catches both on machines without CUDA.
+this catches both on machines without CUDA. With ``launch``, ptxas's report names the kernels
+whose wgmma it serialized (its C7511: every product waits for the one before; the dense D=128
+dq's were, until an empty loop left the template); ``pipelined`` makes that an error. Run it with a fresh
+``TRITON_CACHE_DIR``: a cached kernel is not compiled again, so ptxas reports nothing for it.
 """
+import contextlib
+import io
+import os
+import re
 import sys
 
 import triton
@@ -90,8 +97,19 @@ def main(pattern, *flags):
     if "launch" in flags:
         hd = [int(f[3:]) for f in flags if f.startswith("hd=")]
         group = [int(f[6:]) for f in flags if f.startswith("group=")]
-        compile_launch(plan, pattern, tma="tma" in flags, head_dim=hd[0] if hd else 128,
-                       dtype="fp16" if "fp16" in flags else "bf16", group=group[0] if group else 1)
+        # ptxas's own report of each compile (Triton prints it to stdout under this knob; a kernel
+        # found in Triton's cache is not compiled again, so callers pass a fresh TRITON_CACHE_DIR)
+        os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            compile_launch(plan, pattern, tma="tma" in flags, head_dim=hd[0] if hd else 128,
+                           dtype="fp16" if "fp16" in flags else "bf16", group=group[0] if group else 1)
+        serialized = sorted(set(re.findall(r"wgmma\.mma_async instructions are serialized.*?function '(\w+)'",
+                                           log.getvalue())))
+        if serialized:
+            print("wgmma serialized by ptxas (C7511) in", *serialized)
+        if "pipelined" in flags and serialized:
+            sys.exit(f"{pattern}: ptxas serialized every wgmma of {', '.join(serialized)}")
         print("compiled", pattern, *flags)
         return
     fwd, bwd = codegen.load(plan, "fwd"), codegen.load(plan, "bwd")
