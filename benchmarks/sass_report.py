@@ -7,8 +7,9 @@ Compiles one generated kernel (bf16, tensor descriptors on) for an sm_90 target 
 that is installed (its bundled ptxas) and prints ptxas's register count and stack bytes, then,
 for every loop that issues wgmma (HGMMA), its length in instructions, the local-memory spill
 instructions in it, where each HGMMA shape reads its A operand (registers or shared memory),
-and, when forward branches inside it give an iteration more than one path (a masked block's
-own branch), the shortest and longest path. To see what the GPU image compiles, install its Triton beside the project's, e.g.
+the waits for products in flight (``WARPGROUP.DEPBAR``: one after every HGMMA means ptxas
+serialized the wgmma pipeline) and, when forward branches inside it give an iteration more than
+one path (a masked block's own branch), the shortest and longest path. To see what the GPU image compiles, install its Triton beside the project's, e.g.
 ``pip install --no-deps --target /tmp/t36 triton==3.6.0`` and run with
 ``PYTHONPATH=/tmp/t36:$PWD``. Not part of the package: it turns a suspicion about register
 pressure into numbers before a GPU run. Needs tests/aot_check.py (its ``compile_kernel``).
@@ -67,8 +68,12 @@ def report(compiled, label: str, dump: str | None = None) -> None:
         src = ", ".join(f"{shape} A from {where} x{c}" for (shape, where), c in sorted(sources.items()))
         lo, hi = _path_lengths(span)
         paths = f"; paths through it {lo} to {hi} instructions" if lo != hi else ""
+        # ptxas's serialized wgmma (its C7511 / C7515): a wait after every product
+        hgmma = sum(v for k, v in ops.items() if k.startswith("HGMMA"))
+        waits = ops.get("WARPGROUP.DEPBAR.LE", 0)
+        serial = " (every HGMMA waits: serialized)" if waits >= hgmma else ""
         print(f"  loop of {len(body)} instructions: {spills} spill loads/stores, {ops.get('MUFU.EX2', 0)} MUFU.EX2, "
-              f"{ops.get('FSEL', 0)} FSEL; {src}{paths}", flush=True)
+              f"{ops.get('FSEL', 0)} FSEL; {src}; {waits} waits for {hgmma} HGMMA{serial}{paths}", flush=True)
 
 
 def _path_lengths(span) -> tuple[int, int]:
