@@ -11,7 +11,10 @@
 #              SDPA flash and FlexAttention on the same attention, with a per-phase breakdown
 #   gpu-tests  pytest -m gpu (WORKERS processes when pytest-xdist is there), then the tuner's
 #              timing-sensitive test alone, so that it does not share the GPU; ARGS go to both
-#              pytest commands (a -k of your own replaces the split)
+#              pytest commands (a -k of your own replaces the split). SHARD=K/N runs every N-th
+#              test from the K-th (the tuner's in part N): on an 80 GB card, WORKERS=2 and
+#              SHARD=1/2, 2/2 in two calls (three workers ran float64 references out of memory,
+#              two did not finish the suite in one 560 s call, 2026-12-05)
 #   tune       the shipped tuning grid (msa_codegen.tuner.grid), one shard per GPU, resumed from
 #              msa_codegen/data/tuning.db; rows exported to $OUT/tuning.db (copy it into
 #              msa_codegen/data/ to ship it), then the grid's --list of $DB for this GPU (what is
@@ -107,10 +110,25 @@ case "$suite" in
     SLOW=test_gpu_tuned_config_is_no_slower_than_the_default_and_attention_runs_it
     par=""
     python3 -c "import xdist" 2>/dev/null && par="-n ${WORKERS:-3}"   # 4 workers ran out of GPU memory
+    # SHARD=K/N: the K-th of N parts (every N-th collected test, from the K-th), so that a
+    # suite longer than one device call runs in N calls; the tuner's test runs in part N
+    sel=(tests)
+    run_slow=1
+    if [ -n "${SHARD:-}" ]; then
+      k=${SHARD%/*}; n=${SHARD#*/}
+      mapfile -t sel < <(python3 -m pytest tests -m gpu -q --collect-only -p no:cacheprovider -k "not $SLOW" "$@" \
+                         2>/dev/null | grep '::' | awk -v k="$k" -v n="$n" 'NR % n == k % n')
+      [ "$k" = "$n" ] || run_slow=0
+      [ ${#sel[@]} -gt 0 ] || { echo "run.sh: SHARD=$SHARD selects no test" >&2; exit 2; }
+    fi
     {
       header
-      limit python3 -m pytest tests -m gpu -q -p no:cacheprovider $par -k "not $SLOW" "$@"; r1=$?
-      limit python3 -m pytest tests -m gpu -q -p no:cacheprovider -k "$SLOW" "$@"; r2=$?
+      [ -n "${SHARD:-}" ] && echo "shard $SHARD: ${#sel[@]} tests"
+      limit python3 -m pytest "${sel[@]}" -m gpu -q -p no:cacheprovider $par -k "not $SLOW" "$@"; r1=$?
+      r2=0
+      if [ $run_slow = 1 ]; then
+        limit python3 -m pytest tests -m gpu -q -p no:cacheprovider -k "$SLOW" "$@"; r2=$?
+      fi
       exit $(( r1 || r2 ))
     } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
