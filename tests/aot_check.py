@@ -11,7 +11,7 @@ that the GPU compiler rejects (loop-carried types, scalar/tensor mixing), and pt
 code that compiles at other sizes (Triton 3.6's ptxas 12.8 crashed with SIGSEGV on a dense
 positional forward at the launch configuration that compiled at 64-row tiles);
 this catches both on machines without CUDA. With ``launch``, ptxas's report names the kernels
-whose wgmma it serialized (its C7511: every product waits for the one before; the dense D=128
+whose wgmma it serialized (its C7511 / C7512 / C7515: every product waits for the one before; the dense D=128
 dq's were, until an empty loop left the template); ``pipelined`` makes that an error. Run it with a fresh
 ``TRITON_CACHE_DIR``: a cached kernel is not compiled again, so ptxas reports nothing for it.
 """
@@ -104,10 +104,11 @@ def main(pattern, *flags):
         with contextlib.redirect_stdout(log):
             compile_launch(plan, pattern, tma="tma" in flags, head_dim=hd[0] if hd else 128,
                            dtype="fp16" if "fp16" in flags else "bf16", group=group[0] if group else 1)
-        serialized = sorted(set(re.findall(r"wgmma\.mma_async instructions are serialized.*?function '(\w+)'",
-                                           log.getvalue())))
-        if serialized:
-            print("wgmma serialized by ptxas (C7511) in", *serialized)
+        found = sorted(set(re.findall(r"\((C75\d\d)\)[^\n]*wgmma\.mma_async instructions are serialized"
+                                      r"[^\n]*function '(\w+)'", log.getvalue())))
+        serialized = sorted({name for _, name in found})
+        if found:
+            print("wgmma serialized by ptxas in", *(f"{name} ({code})" for code, name in found))
         if "pipelined" in flags and serialized:
             sys.exit(f"{pattern}: ptxas serialized every wgmma of {', '.join(serialized)}")
         print("compiled", pattern, *flags)

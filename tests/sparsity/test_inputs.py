@@ -607,8 +607,8 @@ def test_kernels_compile_for_sm90(pattern, flags, tmp_path):
     launch-hash-bidir): variants of the dense positional kernels with one search fewer crashed
     3.6's ptxas at D=64 and in that fp16 dq only (docs/performance.md).
 
-    ``pipelined``: ptxas must not serialize a kernel's wgmma (its C7511 "wgmma.mma_async
-    instructions are serialized"). Before the fix it did for the dense D=128 dq (Triton 3.6 and
+    ``pipelined``: ptxas must not serialize a kernel's wgmma (its C7511 / C7512 / C7515
+    "wgmma.mma_async instructions are serialized"). Before the fix it did for the dense D=128 dq (Triton 3.6 and
     3.8; 3.9 did not) and for the top-k forward and dq at D=128 and 64 (3.6, 3.8, 3.9): loops
     compiled but never run at these launches (benchmarks/NOTES.md). A fresh Triton cache, so that
     ptxas runs and reports."""
