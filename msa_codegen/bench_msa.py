@@ -48,6 +48,7 @@ class MsaCase:
 
 
 CASES = [
+    MsaCase("msa-16k", 16384),
     MsaCase("msa-32k", 32768),
     MsaCase("msa-128k", 131072),
     MsaCase("msa-512k", 524288),
