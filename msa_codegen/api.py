@@ -104,6 +104,15 @@ def check_device(t: torch.Tensor, what: str) -> None:
                         "of Triton 3.9); use float16 or float32 on the CPU, or a GPU")
 
 
+def check_flags(**flags) -> None:
+    """Raise TypeError unless each flag is True or False (``deterministic`` may also be None):
+    ``bool("false")`` is True, so a string or a number would silently mean something else."""
+    for name, value in flags.items():
+        if not isinstance(value, bool) and not (name == "deterministic" and value is None):
+            also = " or None" if name == "deterministic" else ""
+            raise TypeError(f"{name} must be True or False{also}, got {value!r}")
+
+
 def _check_inputs(q, k, v, scale, lengths_may_differ=False):
     """Raise TypeError / ValueError saying what was expected and what was given."""
     check_qkv(q, k, v, lengths_may_differ)
@@ -202,6 +211,7 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
         (task_loss(out) + kl).backward()
     """
     _check_inputs(q, k, v, scale, lengths_may_differ=q_pos is not None)
+    check_flags(return_lse=return_lse, deterministic=deterministic, autotune=autotune, return_kl=return_kl)
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = float(d ** -0.5 if scale is None else scale)
@@ -215,7 +225,6 @@ def attention(q, k, v, pattern: str | Pattern = "causal", *, scale: float | None
     msa_inputs = q_proxy is not None or k_proxy is not None or proxy_scale is not None or return_kl
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    deterministic = bool(deterministic)
     if torch.compiler.is_compiling():
         if msa_inputs or _has_msa(pattern if isinstance(pattern, str) else str(pattern)):
             _refuse_msa_compiled()
@@ -282,7 +291,7 @@ def _has_msa(pattern: str) -> bool:
     return bool(parse(pattern).msa_groups)
 
 
-@torch._dynamo.disable
+@torch._dynamo.disable(reason=_MSA_NOT_COMPILED)   # fullgraph=True: Dynamo's own error quotes it
 def _refuse_msa_compiled():
     # run eagerly (a graph break), so that the error reaches the caller: a `raise` in traced code
     # makes Dynamo run the frame eagerly instead, where the msa route would run uncompiled

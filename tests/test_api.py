@@ -31,6 +31,9 @@ def _qkv(device, b=1, hq=2, hkv=1, n=32, d=32, dtype=torch.float32):
     ("heads_uncovered", ValueError, "uncovered"),
     ("bad_pattern", msa.PatternError, "window"),
     ("bad_scale", ValueError, "scale"),
+    ("flag_string", TypeError, "deterministic must be True or False or None, got 'false'"),
+    ("flag_int", TypeError, "return_lse must be True or False, got 1"),
+    ("flag_autotune", TypeError, "autotune must be True or False, got 'no'"),
 ])
 def test_bad_input(case, exc, match, device):
     q, k, v = _qkv(device)
@@ -65,6 +68,14 @@ def test_bad_input(case, exc, match, device):
         pattern = "window=0"
     elif case == "bad_scale":
         kwargs["scale"] = float("nan")
+    elif case == "flag_string":
+        # bool("false") is True: a string flag was once taken as deterministic=True
+        kwargs["deterministic"] = "false"
+    elif case == "flag_int":
+        kwargs["return_lse"] = 1
+    elif case == "flag_autotune":
+        # autotune="no" used to start the tuner and write rows to the user's database
+        kwargs["autotune"] = "no"
     with pytest.raises(exc, match=match):
         msa.attention(q, k, v, pattern, **kwargs)
 

@@ -521,8 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seqlen", type=int, default=131072, help="length of the launch shown; default: %(default)s")
     p.add_argument("--family", choices=("triton", "gluon"), default="triton",
                    help="triton: the kernels every GPU runs; gluon: the Hopper kernels (plain window terms, "
-                        "packed documents, top-k; on by default for top-k and documents on the GPU-tested "
-                        "Triton, MSA_CODEGEN_GLUON=1 elsewhere) (default: %(default)s)")
+                        "packed documents, top-k, the dense forward; on by default on the GPU-tested Triton for "
+                        "top-k, packed documents, plain windows of at least 2^36 FLOPs and the dense forward at "
+                        "D=128 (msa-codegen which says which), MSA_CODEGEN_GLUON=1 elsewhere) "
+                        "(default: %(default)s)")
     p.add_argument("--documents", action="store_true",
                    help="the kernels of calls that pass cu_seqlens (packed documents)")
     p.set_defaults(fn=cmd_render)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..api import attention, check_device   # warm-up runs the dense causal kernels of the static patterns
+from ..api import attention, check_device, check_flags   # warm-up runs the dense causal kernels of the static patterns
 from . import launch
 from .checks import check_msa_inputs, check_proxies
 
@@ -135,6 +135,7 @@ def msa_attention(q, k, v, q_proxy, k_proxy, top_k: int = 2048, *, block: int = 
             (task_loss(out) + kl).backward()
     """
     check_msa_inputs(q, k, v, q_proxy, k_proxy, top_k, block, cu_seqlens)
+    check_flags(warmup=warmup, return_kl=return_kl, return_indices=return_indices)
     check_device(q, "q, k, v and the proxies")
     d, dp = q.shape[-1], q_proxy.shape[-1]
     scale = float(d ** -0.5 if scale is None else scale)

@@ -158,6 +158,10 @@ def test_bad_input_says_what_was_expected(change, match):
 
 def test_bad_types():
     q = k = v = torch.randn(1, 2, 64, 16)
+    qp = kp = torch.randn(1, 1, 64, 16)
+    for flag in ("warmup", "return_kl", "return_indices"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False, got 'yes'"):
+            msa.msa_attention(q, k, v, qp, kp, 64, block=64, **{flag: "yes"})
     with pytest.raises(TypeError, match="q_proxy must be a torch.Tensor"):
         msa.msa_attention(q, k, v, None, torch.randn(1, 1, 64, 16), 64, block=64)
     with pytest.raises(TypeError, match="int32/int64"):
