@@ -8,6 +8,8 @@ the teaching signal on those items.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +37,7 @@ class MsaConfig:
 
     ``select_block_m``: query rows per selection program; ``*_rows``: (entry, head) rows per
     main-attention tile; ``bwd_block_n``: keys per backward program; ``*_warps`` / ``*_stages``:
-    Triton's num_warps / num_stages.
+    Triton's num_warps / num_stages (the main attention's default stages: ``stages``).
     """
     select_block_m: int | None = None
     select_warps: int | None = None
@@ -45,6 +47,8 @@ class MsaConfig:
     bwd_rows: int | None = None
     bwd_block_n: int | None = None
     bwd_warps: int | None = None
+    fwd_stages: int | None = None
+    bwd_stages: int | None = None
 
 
 #: the use_msa_config override (None: none); it replaces the tuned config of a call entirely
@@ -56,7 +60,8 @@ _resolved: dict = {}
 OVERRIDE = "use_msa_config override"
 DEFAULTS = ("the MsaConfig defaults, swept on the H200: selection 128 query rows (fewer when K > 32), 8 warps, "
             "2 stages; forward tiles of 128 (entry, head) rows, 8 warps; backward tiles of 64 rows with 64-key "
-            "programs (32 above head dim 128), 8 warps")
+            "programs (32 above head dim 128), 8 warps; main attention 3 stages (1 above head dim 128 or above "
+            "128 rows)")
 
 
 def _fields(cfg: MsaConfig) -> str:
@@ -126,9 +131,11 @@ def _pick(name: str, default: int) -> int:
     return default if value is None else value
 
 
-def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
+def default_config(block: int, n_sel: int, d: int, dp: int, g: int | None = None) -> MsaConfig:
     """The heuristic default of every field: what the launchers pick when nothing is set (and the
-    tuner's baseline).
+    tuner's baseline). The stage counts depend on the tile's rows, so on G = H / Hp: given ``g``,
+    they are filled in (``stages``); without it they stay None, and the launchers derive them from
+    the rows they pick.
 
     H200, N=131072, G=4, K=16 (2026-12-02 sweep): selection 128 rows, 8 warps, 2 stages 20.1 ms,
     against 27.3 ms with 64 rows, 4 warps, 3 stages; the running top-K lives in registers, so fewer
@@ -137,10 +144,15 @@ def default_config(block: int, n_sel: int, d: int, dp: int) -> MsaConfig:
     shared memory.
     """
     block_k = max(2, pow2(n_sel))
-    return MsaConfig(select_block_m=min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
-                                        32 if block_k <= 128 else 16),
-                     select_warps=8, select_stages=2, fwd_rows=FWD_ROWS, fwd_warps=8, bwd_rows=BWD_ROWS,
-                     bwd_block_n=min(block, 64 if max(d, dp) <= 128 else 32), bwd_warps=8)
+    cfg = MsaConfig(select_block_m=min(block, 128 if block_k <= 32 else 64 if block_k <= 64 else
+                                       32 if block_k <= 128 else 16),
+                    select_warps=8, select_stages=2, fwd_rows=FWD_ROWS, fwd_warps=8, bwd_rows=BWD_ROWS,
+                    bwd_block_n=min(block, 64 if max(d, dp) <= 128 else 32), bwd_warps=8)
+    if g is None:
+        return cfg
+    rows = {name: math.prod(tile_entries(g, getattr(cfg, name))) for name in ("fwd_rows", "bwd_rows")}
+    return dataclasses.replace(cfg, fwd_stages=stages(d, dp, rows["fwd_rows"]),
+                               bwd_stages=stages(d, dp, rows["bwd_rows"]))
 
 
 def kernels():
@@ -268,15 +280,15 @@ def _strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _stages(d: int, dp: int, rows: int) -> int:
-    """Software pipelining depth of the gathered loads, within the 227 KiB of shared memory: above
-    head dim 128, three stages overflow it (Triton 3.6 on the H200 asked for 262 KiB); so do tiles
-    of 256 rows (16 heads per proxy) at two or three stages (1.2 MB asked, sm_90 compile of
-    Triton 3.6), and fit at one (112 KiB)."""
+def stages(d: int, dp: int, rows: int) -> int:
+    """The main attention's default software pipelining depth of the gathered loads, within the
+    227 KiB of shared memory: above head dim 128, three stages overflow it (Triton 3.6 on the H200
+    asked for 262 KiB); so do tiles of 256 rows (16 heads per proxy) at two or three stages (1.2 MB
+    asked, sm_90 compile of Triton 3.6), and fit at one (112 KiB). The most a config may set."""
     return 1 if max(d, dp) > 128 or rows > 128 else 3
 
 
-def _tile_entries(g: int, rows: int) -> tuple[int, int]:
+def tile_entries(g: int, rows: int) -> tuple[int, int]:
     """Entries per tile and the heads per entry padded to a power of two; at least 16 entries
     (the teaching gradient's products run over the entries)."""
     gp = pow2(g)
@@ -325,7 +337,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
 def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The forward kernel's constexprs (but PASS / WITH_OUT / WITH_KL) and launch options."""
     default = default_config(block, n_sel, d, dp)
-    bq, gp = _tile_entries(heads.g, _pick("fwd_rows", default.fwd_rows))
+    bq, gp = tile_entries(heads.g, _pick("fwd_rows", default.fwd_rows))
     # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
     # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
     block_n = block if max(d, dp) <= 128 else 32
@@ -333,7 +345,7 @@ def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bo
                 SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
                 BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
                 DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", default.fwd_warps),
-                num_stages=_stages(d, dp, bq * gp))
+                num_stages=_pick("fwd_stages", stages(d, dp, bq * gp)))
 
 
 def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
@@ -347,12 +359,12 @@ def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
 def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options."""
     default = default_config(block, n_sel, d, dp)
-    bq, gp = _tile_entries(heads.g, _pick("bwd_rows", default.bwd_rows))
+    bq, gp = tile_entries(heads.g, _pick("bwd_rows", default.bwd_rows))
     block_n = min(block, _pick("bwd_block_n", default.bwd_block_n))
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                 KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n,
                 BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
-                num_warps=_pick("bwd_warps", default.bwd_warps), num_stages=_stages(d, dp, bq * gp))
+                num_warps=_pick("bwd_warps", default.bwd_warps), num_stages=_pick("bwd_stages", stages(d, dp, bq * gp)))
 
 
 def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items, rev, n_sel: int, heads: Heads,

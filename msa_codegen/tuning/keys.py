@@ -129,8 +129,10 @@ KEY_FIELDS = tuple(f.name for f in dataclasses.fields(TuningKey))
 
 #: The launch parameters an msa pattern's rows store (the fields of ``msa.launch.MsaConfig``, split by
 #: direction; named here so that the lookup needs nothing of ``msa``). The selection runs in the forward.
-MSA_FIELDS = {"fwd": ("select_block_m", "select_warps", "select_stages", "fwd_rows", "fwd_warps"),
-              "bwd": ("bwd_rows", "bwd_block_n", "bwd_warps")}
+MSA_FIELDS = {"fwd": ("select_block_m", "select_warps", "select_stages", "fwd_rows", "fwd_warps", "fwd_stages"),
+              "bwd": ("bwd_rows", "bwd_block_n", "bwd_warps", "bwd_stages")}
+#: fields added after rows were first stored: a row may lack them
+_MSA_LATER_FIELDS = ("fwd_stages", "bwd_stages")
 
 
 def is_msa_pattern(pattern) -> bool:
@@ -148,14 +150,16 @@ def msa_config_from_row(direction: str, values) -> dict[str, int]:
     if not isinstance(values, dict):
         raise TypeError(f"config must be an object, got {type(values).__name__}")
     fields = MSA_FIELDS[direction]
-    if set(values) != set(fields):
+    # rows stored before the main attention's stage counts were knobs lack them (the default then)
+    required = set(fields) - set(_MSA_LATER_FIELDS)
+    if not required <= set(values) <= set(fields):
         raise ValueError(f"expected the fields {sorted(fields)}, got {sorted(values)}")
     for name, v in values.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if name != "select_stages" and v & (v - 1):
+        if not name.endswith("_stages") and v & (v - 1):
             raise ValueError(f"{name} must be a power of two, got {v}")
-    return {name: values[name] for name in fields}
+    return {name: values[name] for name in fields if name in values}
 
 
 def row_config(pattern, direction: str, values, kernels: str = "", head_dim: int | None = None):

@@ -28,8 +28,8 @@ from .search import RowResult
 #: the knobs and their choices (the same on every device, so that processes sharing a study agree)
 KNOBS = {
     "fwd": {"select_block_m": (32, 64, 128), "select_warps": (4, 8), "select_stages": (1, 2, 3),
-            "fwd_rows": (64, 128), "fwd_warps": (4, 8)},
-    "bwd": {"bwd_rows": (64, 128), "bwd_block_n": (32, 64), "bwd_warps": (4, 8)},
+            "fwd_rows": (64, 128), "fwd_warps": (4, 8), "fwd_stages": (1, 2, 3)},
+    "bwd": {"bwd_rows": (64, 128), "bwd_block_n": (32, 64), "bwd_warps": (4, 8), "bwd_stages": (1, 2, 3)},
 }
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
@@ -62,6 +62,13 @@ class MsaProblem:
 
 def why_excluded(direction: str, params: dict, problem: MsaProblem) -> str | None:
     """Why a candidate cannot run (pruned before it compiles), or None."""
+    rows_name, stages_name = ("fwd_rows", "fwd_stages") if direction == "fwd" else ("bwd_rows", "bwd_stages")
+    if not problem.interpreter:
+        entries, gp = launch.tile_entries(problem.group, params[rows_name])
+        most = launch.stages(problem.head_dim, problem.head_dim, entries * gp)
+        if params[stages_name] > most:
+            return (f"shared memory: {stages_name}={params[stages_name]} with {entries * gp}-row tiles at head dim "
+                    f"{problem.head_dim} (at most {most}, launch.stages)")
     if direction == "fwd":
         if problem.block % params["select_block_m"]:
             return f"select_block_m={params['select_block_m']} does not divide block={problem.block}"
@@ -98,7 +105,7 @@ class MsaBench:
 
         self.inputs = (rnd(p.heads), rnd(p.kv_heads), rnd(p.kv_heads), rnd(p.proxy_heads), rnd(p.proxy_heads))
         self.do = torch.randn(1, p.heads, p.seqlen, p.head_dim, generator=gen).to(dev, p.dtype)
-        self.default = launch.default_config(p.block, p.top_k // p.block, p.head_dim, p.head_dim)
+        self.default = launch.default_config(p.block, p.top_k // p.block, p.head_dim, p.head_dim, g=p.group)
         self.ref = self._outputs(self.default)
 
     def config(self, params: dict) -> launch.MsaConfig:

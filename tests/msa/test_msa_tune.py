@@ -90,3 +90,40 @@ def test_which_msa_reports_rows(tuned, capsys):
                      "--heads", "2", "--kv-heads", "1", "--proxy-heads", "1", "--db", str(tuned)]) == 0
     out = capsys.readouterr().out
     assert "2 heads per proxy head" in out
+
+
+def test_stage_counts_follow_the_rows_and_can_be_set():
+    """The main attention's stage counts: 3 where shared memory allows, 1 above head dim 128 or
+    128 rows (launch.stages); the tuner's default fills them in from G; a config sets them; the
+    tuner never proposes more than fit; rows stored before they were fields still load."""
+    from msa_codegen.tuning.keys import msa_config_from_row
+    from msa_codegen.tuning.msa_search import MsaProblem, why_excluded
+
+    cfg = launch.default_config(128, 16, 128, 128, g=4)          # 32 x 4 forward rows, 16 x 4 backward
+    assert (cfg.fwd_stages, cfg.bwd_stages) == (3, 3)
+    cfg = launch.default_config(128, 16, 128, 128, g=16)         # at least 16 entries: 256 rows
+    assert (cfg.fwd_stages, cfg.bwd_stages) == (1, 1)
+    assert launch.default_config(64, 16, 256, 256, g=2).fwd_stages == 1
+    assert launch.default_config(128, 16, 128, 128).fwd_stages is None   # without G: the launchers derive it
+    heads = launch.Heads(16, 2, 4, 1)
+    assert launch.fwd_meta(heads, 128, 128, 128, 16, False, False, torch.bfloat16)["num_stages"] == 3
+    with launch.use_msa_config(launch.MsaConfig(fwd_rows=64, fwd_warps=4, fwd_stages=1, bwd_stages=2)):
+        meta = launch.fwd_meta(heads, 128, 128, 128, 16, False, False, torch.bfloat16)
+        assert (meta["num_stages"], meta["num_warps"], meta["BLOCK_Q"] * meta["GP"]) == (1, 4, 64)
+        assert launch.bwd_meta(heads, 128, 128, 128, 16, False, False, torch.bfloat16)["num_stages"] == 2
+
+    def problem(heads, proxy_heads, d, interpreter=False):
+        return MsaProblem("msa=2048", 2048, 128, heads, 2, proxy_heads, 131072, d, torch.bfloat16, "cuda",
+                          interpreter)
+
+    fwd = dict(select_block_m=128, select_warps=8, select_stages=2, fwd_rows=128, fwd_warps=8)
+    assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 4, 128)) is None
+    assert "shared memory" in why_excluded("fwd", dict(fwd, fwd_stages=2), problem(16, 1, 128))   # 256 rows
+    assert "shared memory" in why_excluded("bwd", dict(bwd_rows=64, bwd_block_n=32, bwd_warps=8, bwd_stages=3),
+                                           problem(16, 4, 256))
+    assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 1, 128, interpreter=True)) is None
+    old = dict(fwd)   # a row of an earlier version: no fwd_stages
+    assert msa_config_from_row("fwd", old) == old
+    assert msa_config_from_row("fwd", dict(fwd, fwd_stages=3))["fwd_stages"] == 3
+    with pytest.raises(ValueError, match="expected the fields"):
+        msa_config_from_row("fwd", dict(fwd, bwd_stages=3))
