@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -150,9 +149,8 @@ def default_config(block: int, n_sel: int, d: int, dp: int, g: int | None = None
                     bwd_block_n=min(block, 64 if max(d, dp) <= 128 else 32), bwd_warps=8)
     if g is None:
         return cfg
-    rows = {name: math.prod(tile_entries(g, getattr(cfg, name))) for name in ("fwd_rows", "bwd_rows")}
-    return dataclasses.replace(cfg, fwd_stages=stages(d, dp, rows["fwd_rows"]),
-                               bwd_stages=stages(d, dp, rows["bwd_rows"]))
+    return dataclasses.replace(cfg, fwd_stages=tile_stages(g, cfg.fwd_rows, d, dp),
+                               bwd_stages=tile_stages(g, cfg.bwd_rows, d, dp))
 
 
 def kernels():
@@ -286,6 +284,12 @@ def stages(d: int, dp: int, rows: int) -> int:
     asked for 262 KiB); so do tiles of 256 rows (16 heads per proxy) at two or three stages (1.2 MB
     asked, sm_90 compile of Triton 3.6), and fit at one (112 KiB). The most a config may set."""
     return 1 if max(d, dp) > 128 or rows > 128 else 3
+
+
+def tile_stages(g: int, rows: int, d: int, dp: int) -> int:
+    """``stages`` of the tile that a ``*_rows`` setting gives at G heads per proxy head."""
+    entries, gp = tile_entries(g, rows)
+    return stages(d, dp, entries * gp)
 
 
 def tile_entries(g: int, rows: int) -> tuple[int, int]:

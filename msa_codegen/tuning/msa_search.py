@@ -64,11 +64,10 @@ def why_excluded(direction: str, params: dict, problem: MsaProblem) -> str | Non
     """Why a candidate cannot run (pruned before it compiles), or None."""
     rows_name, stages_name = ("fwd_rows", "fwd_stages") if direction == "fwd" else ("bwd_rows", "bwd_stages")
     if not problem.interpreter:
-        entries, gp = launch.tile_entries(problem.group, params[rows_name])
-        most = launch.stages(problem.head_dim, problem.head_dim, entries * gp)
+        most = launch.tile_stages(problem.group, params[rows_name], problem.head_dim, problem.head_dim)
         if params[stages_name] > most:
-            return (f"shared memory: {stages_name}={params[stages_name]} with {entries * gp}-row tiles at head dim "
-                    f"{problem.head_dim} (at most {most}, launch.stages)")
+            return (f"shared memory: {stages_name}={params[stages_name]} with {rows_name}={params[rows_name]} at "
+                    f"G={problem.group}, head dim {problem.head_dim} (at most {most}, launch.tile_stages)")
     if direction == "fwd":
         if problem.block % params["select_block_m"]:
             return f"select_block_m={params['select_block_m']} does not divide block={problem.block}"
