@@ -263,7 +263,7 @@ def table(rows) -> str:
 
 
 def main(argv=None):
-    return bench_main("msa-bench (MSA)", CASES, run_case, _fmt,
+    return bench_main("python -m msa_codegen.bench_msa", CASES, run_case, _fmt,
                       lambda c: f"H={c.h}/{c.hkv} Hp={c.hp}/{c.hpk} N={c.n} D={c.d} Dp={c.dp} top_k={c.top_k}",
                       argv, summary=table)
 
