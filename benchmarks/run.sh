@@ -48,6 +48,9 @@
 #   gluon-ab   benchmarks/gluon_ab.py: variants of the Gluon forward's template (files) against
 #              the tree's, one process; ARGS e.g. --variant old=/tmp/old.jinja --cases 0,1
 #              (--direction bwd: the backward's template, fused forms beside the two kernels)
+#   msa-ab     benchmarks/msa_ab.py: MsaConfig variants of the MSA kernels' launches against the
+#              default and a copy of it, phase by phase (main forward, main backward, teaching
+#              backward), one process; ARGS e.g. --variant two=fwd_rows=64,fwd_warps=4,fwd_stages=1
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
 #              backward through attention(deterministic=False / True), one process, and for
 #              msa-bench's plain cases the Triton family's too; ARGS e.g.
@@ -186,6 +189,9 @@ case "$suite" in
     rc=${PIPESTATUS[0]} ;;
   gluon-ab)
     { header; limit python3 benchmarks/gluon_ab.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  msa-ab)
+    { header; limit python3 benchmarks/msa_ab.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   fused-ab)
     { header; limit python3 benchmarks/fused_ab.py "$@"; } 2>&1 | tee "$log"

@@ -125,3 +125,32 @@ def test_cross_triton_matches_a_recorded_launch_to_its_kernel():
         assert ct._match(kern, kw, wanted) is entry
         assert ct._match(kern, dict(kw, num_stages=stages + 1), wanted) is None
         assert ct._match(kern, dict(kw, BLOCK_M=kw["BLOCK_M"] * 2), wanted) is None
+
+
+def test_msa_ab_runs_each_variants_config(capsys, monkeypatch):
+    """benchmarks/msa_ab.py on the CPU (interpreter): every variant's fields reach the launchers
+    (the forward's tile rows and warps, the backward's key programs), its outputs and gradients
+    match the default's, and the table has a row per phase and variant; bad variants are refused."""
+    from msa_codegen.msa import launch
+
+    ab = _benchmark_module("msa_ab")
+    seen = []
+    real_fwd, real_bwd = launch.fwd_meta, launch.bwd_meta
+    monkeypatch.setattr(launch, "fwd_meta", lambda *a: seen.append(("fwd", m := real_fwd(*a))) or m)
+    monkeypatch.setattr(launch, "bwd_meta", lambda *a: seen.append(("bwd", m := real_bwd(*a))) or m)
+    rc = ab.main(["--device", "cpu", "--dtype", "float32", "--n", "200", "--heads", "4,2,2,1", "--head-dim", "32",
+                  "--top-k", "128", "--block", "64", "--rounds", "1", "--phases", "fwd,bwd",
+                  "--variant", "small=fwd_rows=32,fwd_warps=2,fwd_stages=1,bwd_block_n=16"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    fwd = {(m["BLOCK_Q"], m["num_warps"], m["num_stages"]) for kind, m in seen if kind == "fwd"}
+    bwd = {m["BLOCK_N"] for kind, m in seen if kind == "bwd"}
+    assert (16, 2, 1) in fwd and (launch.FWD_ROWS // 2, 8, 3) in fwd, fwd   # G=2: rows / 2 entries
+    assert {16, 64} <= bwd, bwd
+    errs = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "max relative error" in line]
+    assert len(errs) == 3 and max(errs) < 1e-5, out
+    rows = [line for line in out.splitlines() if line.startswith("| fwd |") or line.startswith("| bwd |")]
+    assert len(rows) == 6 and all(name in out for name in ("| default |", "| small |", "| default-copy |")), out
+    for bad in ("small", "x=fwd_rows", "x=rows=64", "x=fwd_rows=sixty", "default-copy=fwd_rows=64"):
+        with pytest.raises(SystemExit):
+            ab.main(["--device", "cpu", "--variant", bad])
