@@ -156,3 +156,16 @@ def test_opcheck(device):
     torch.library.opcheck(attention_fwd_op, (q, k, v, "window=8", 0.2, []),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration",
                                       "test_aot_dispatch_dynamic"))
+
+
+def test_readme_documents_every_public_name():
+    """Each name in msa_codegen.__all__ appears in the README's text as code (`...name...`), so a
+    new public name comes with its documentation (FwdConfig, BwdConfig, Spec and __version__ were
+    exported without any until 2026-12-06)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    spans = re.findall(r"`([^`\n]+)`", readme)
+    missing = [name for name in msa.__all__ if not any(re.search(rf"\b{re.escape(name)}\b", s) for s in spans)]
+    assert not missing, f"public names the README never mentions as code: {missing}"
