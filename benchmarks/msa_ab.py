@@ -20,6 +20,11 @@ timed in interleaved rounds (``triton.testing.do_bench`` medians with the L2 flu
 round and its interquartile range). Effective TFLOP/s count the selected pairs as msa-bench does.
 One table last. ``--device cpu`` runs the same on the CPU for a smoke test (set TRITON_INTERPRET=1
 before Python starts; wall-clock timing, meaningless as a figure).
+
+``--reverse-index``: instead, the reverse index of the same selection as the library builds it
+(``launch.reverse_index``: int64 sort keys) against ``reverse_index_int32`` below (the keys at 32
+bits: CUDA's stable sort is a radix sort over every bit of the key) and a copy of the first; the
+outputs must be identical (benchmarks/NOTES.md, "The reverse index's sort keys").
 """
 from __future__ import annotations
 
@@ -56,6 +61,20 @@ def parse_variant(text: str) -> tuple[str, launch.MsaConfig]:
     return name, launch.MsaConfig(**fields)
 
 
+def reverse_index_int32(idx: torch.Tensor, n_blocks: int):
+    """``launch.reverse_index`` with 32-bit sort keys (the experiment; same outputs)."""
+    b, hp, n, nk = idx.shape
+    total = idx.numel()
+    flat = idx.reshape(-1)
+    pos = torch.arange(total, device=idx.device, dtype=torch.int32)
+    n_lists = b * hp * n_blocks
+    list_of = torch.where(flat >= 0, (pos // (n * nk)) * n_blocks + flat, torch.full_like(flat, n_lists))
+    _, order = torch.sort(list_of, stable=True)
+    counts = torch.bincount(list_of, minlength=n_lists + 1)[:n_lists]
+    base = torch.cumsum(counts, 0) - counts
+    return order.to(torch.int32), launch._items(counts, base, launch.cdiv(total, launch.ITEM_ENTRIES) + n_lists)
+
+
 def _timer(device: str, rep_ms: int):
     if device == "cuda":
         import triton.testing
@@ -88,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rep-ms", type=int, default=300)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--reverse-index", action="store_true",
+                    help="time the reverse index's sort keys at 64 / 32 bits instead of MsaConfig variants")
     args = ap.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     bad = sorted(set(phases) - set(PHASES))
@@ -119,6 +140,8 @@ def main(argv=None) -> int:
     with torch.no_grad():
         _, _, idx = msa_attention(q, k, v, qp, kp, args.top_k, block=block, return_indices=True)
     n_blocks = -(-n // block)
+    if args.reverse_index:
+        return _reverse_index_ab(idx, n_blocks, _timer(dev, args.rep_ms), args.rounds)
     rev, items = launch.reverse_index(idx, n_blocks)
     nsel = idx.shape[-1]
     one = torch.ones((), device=dev)
@@ -166,6 +189,24 @@ def main(argv=None) -> int:
     print(f"\n{shape}\n| phase | variant | median ms | IQR ms | vs default | TFLOP/s |\n| --- | --- | --- | --- | --- | --- |")
     for phase, name, med, iqr, ratio, tf in table:
         print(f"| {phase} | {name} | {med:.3f} | {iqr:.3f} | {ratio:.3f}x | {tf:.0f} |")
+    return 0
+
+
+def _reverse_index_ab(idx, n_blocks: int, timer, rounds: int) -> int:
+    fns = {"int64 (tree)": lambda: launch.reverse_index(idx, n_blocks),
+           "int32": lambda: reverse_index_int32(idx, n_blocks),
+           "int64 copy": lambda: launch.reverse_index(idx, n_blocks)}
+    (rev, items), (rev32, items32) = fns["int64 (tree)"](), fns["int32"]()
+    same = torch.equal(rev, rev32) and torch.equal(items, items32)
+    print(f"reverse index of {idx.numel()} selection entries, {tuple(idx.shape)}: int32 keys give "
+          f"{'identical' if same else 'DIFFERENT'} outputs")
+    if not same:
+        return 1
+    res = interleaved(lambda name: timer(fns[name]), list(fns), rounds)
+    base = res["int64 (tree)"][0]
+    print(f"\n| keys | median ms | IQR ms | vs tree |\n| --- | --- | --- | --- |")
+    for name, (med, iqr) in res.items():
+        print(f"| {name} | {med:.3f} | {iqr:.3f} | {med / base:.3f}x |")
     return 0
 
 
