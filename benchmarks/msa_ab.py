@@ -22,8 +22,8 @@ One table last. ``--device cpu`` runs the same on the CPU for a smoke test (set 
 before Python starts; wall-clock timing, meaningless as a figure).
 
 ``--reverse-index``: instead, the reverse index of the same selection as the library builds it
-(``launch.reverse_index``: int64 sort keys) against ``reverse_index_int32`` below (the keys at 32
-bits: CUDA's stable sort is a radix sort over every bit of the key) and a copy of the first; the
+(``launch.reverse_index``: int64 sort keys) against the same with ``key_dtype=torch.int32`` (CUDA's
+stable sort is a radix sort over every bit of the key) and a copy of the first; the
 outputs must be identical (benchmarks/NOTES.md, "The reverse index's sort keys").
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from msa_codegen.bench import _rel, _time
 from msa_codegen.bench_msa import _pairs
 from msa_codegen.msa import launch
 from msa_codegen.msa.api import msa_attention
@@ -61,37 +62,15 @@ def parse_variant(text: str) -> tuple[str, launch.MsaConfig]:
     return name, launch.MsaConfig(**fields)
 
 
-def reverse_index_int32(idx: torch.Tensor, n_blocks: int):
-    """``launch.reverse_index`` with 32-bit sort keys (the experiment; same outputs)."""
-    b, hp, n, nk = idx.shape
-    total = idx.numel()
-    flat = idx.reshape(-1)
-    pos = torch.arange(total, device=idx.device, dtype=torch.int32)
-    n_lists = b * hp * n_blocks
-    list_of = torch.where(flat >= 0, (pos // (n * nk)) * n_blocks + flat, torch.full_like(flat, n_lists))
-    _, order = torch.sort(list_of, stable=True)
-    counts = torch.bincount(list_of, minlength=n_lists + 1)[:n_lists]
-    base = torch.cumsum(counts, 0) - counts
-    return order.to(torch.int32), launch._items(counts, base, launch.cdiv(total, launch.ITEM_ENTRIES) + n_lists)
-
-
 def _timer(device: str, rep_ms: int):
     if device == "cuda":
-        import triton.testing
-
-        return lambda fn: float(triton.testing.do_bench(fn, warmup=max(25, rep_ms // 4), rep=rep_ms,
-                                                        return_mode="median"))
+        return lambda fn: _time(fn, rep_ms)
 
     def wall(fn):
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
     return wall
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def main(argv=None) -> int:
@@ -186,7 +165,8 @@ def main(argv=None) -> int:
             table.append((phase, name, med, iqr, med / base, flops[phase] / med * 1e-9))
     shape = (f"N={n} H={h}/{hkv} Hp={hp}/{hpk} D=Dp={d} top_k={args.top_k} block={block} {args.dtype} on "
              f"{torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {args.rounds} interleaved rounds")
-    print(f"\n{shape}\n| phase | variant | median ms | IQR ms | vs default | TFLOP/s |\n| --- | --- | --- | --- | --- | --- |")
+    print(f"\n{shape}\n| phase | variant | median ms | IQR ms | vs default | TFLOP/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for phase, name, med, iqr, ratio, tf in table:
         print(f"| {phase} | {name} | {med:.3f} | {iqr:.3f} | {ratio:.3f}x | {tf:.0f} |")
     return 0
@@ -194,7 +174,7 @@ def main(argv=None) -> int:
 
 def _reverse_index_ab(idx, n_blocks: int, timer, rounds: int) -> int:
     fns = {"int64 (tree)": lambda: launch.reverse_index(idx, n_blocks),
-           "int32": lambda: reverse_index_int32(idx, n_blocks),
+           "int32": lambda: launch.reverse_index(idx, n_blocks, key_dtype=torch.int32),
            "int64 copy": lambda: launch.reverse_index(idx, n_blocks)}
     (rev, items), (rev32, items32) = fns["int64 (tree)"](), fns["int32"]()
     same = torch.equal(rev, rev32) and torch.equal(items, items32)

@@ -237,18 +237,20 @@ def _items(counts: torch.Tensor, base: torch.Tensor, bound: int) -> torch.Tensor
     return torch.stack([lst, start, length]).to(torch.int32).contiguous()
 
 
-def reverse_index(idx: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reverse_index(idx: torch.Tensor, n_blocks: int, key_dtype=torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
     """For each (batch x proxy head, key block): the selection entries that chose it.
 
     Returns ``rev`` (flat positions ``((b * Hp + p) * N + i) * K + slot`` into ``idx``, grouped by
     list, queries ascending within a list) and the work items over it. O(N K) memory.
+    ``key_dtype``: the sort keys' type (int32 gives the same outputs; ``benchmarks/msa_ab.py
+    --reverse-index`` times the two).
     """
     b, hp, n, nk = idx.shape
     total = idx.numel()
     if total >= 2 ** 31:
         raise ValueError(f"B * Hp * N * K = {total} selection entries: at most 2**31 - 1 are supported")
-    flat = idx.reshape(-1).long()
-    pos = torch.arange(total, device=idx.device)
+    flat = idx.reshape(-1).to(key_dtype)
+    pos = torch.arange(total, device=idx.device, dtype=key_dtype)
     n_lists = b * hp * n_blocks
     list_of = torch.where(flat >= 0, (pos // (n * nk)) * n_blocks + flat, torch.full_like(flat, n_lists))
     _, order = torch.sort(list_of, stable=True)
