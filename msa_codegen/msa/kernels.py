@@ -114,25 +114,101 @@ def _entries(ITEMS, REV, i_t, n_items, c, N, K: tl.constexpr, BLOCK_Q: tl.conste
 
 
 @triton.jit
+def _span_heads(h0, kv, G: tl.constexpr, G_KV: tl.constexpr):
+    """The heads of the proxy group h0 .. h0 + G - 1 that read KV head kv: the first, and how many
+    (none for a KV head past the group's last)."""
+    hs = tl.maximum(h0, kv * G_KV)
+    return hs, tl.minimum(h0 + G, (kv + 1) * G_KV) - hs
+
+
+@triton.jit
+def _fwd_heads(Q, LSE, LSE_PART, O32, b_k, b_v, s_qb, s_qh, s_qn, i_b, i_sub, h0, hs, n_h, e_pos, r_i, r_e, m_rk_e,
+               N, qk_scale, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, SUB: tl.constexpr,
+               PASS: tl.constexpr, WITH_OUT: tl.constexpr, WITH_KL: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One tile of the main heads hs .. hs + n_h - 1 (one KV head's keys b_k and values b_v): PASS 1
+    stores their partial LSEs, PASS 2 adds P @ V into O32. Returns the probabilities summed over
+    the tile's heads, [BLOCK_Q, BLOCK_N] (the teacher's share; zeros but for PASS 2 WITH_KL)."""
+    M: tl.constexpr = BLOCK_Q * GP
+    r_g = tl.arange(0, M) % GP
+    r_h = hs + r_g
+    r_m = r_e & (r_g < n_h)
+    m_rk = m_rk_e & r_m[:, None]
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < D
+    # [M, BLOCK_D]
+    b_q = tl.load(Q + i_b * s_qb + r_h[:, None] * s_qh + r_i[:, None] * s_qn + o_d[None, :],
+                  mask=r_m[:, None] & m_d[None, :], other=0.0)
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
+    b_s = tl.where(m_rk, b_s, float("-inf"))
+    b_t = tl.zeros([BLOCK_Q, BLOCK_N], dtype=tl.float32)
+    if PASS == 1:
+        b_m = tl.max(b_s, axis=1)
+        b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
+        b_l = tl.sum(tl.exp2(b_s - b_m[:, None]), axis=1)
+        tl.store(LSE_PART + (_rows(e_pos, BLOCK_Q, GP) * SUB + i_sub) * G + (r_h - h0),
+                 (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * LN2, mask=r_m & (b_l > 0))
+    else:
+        # [M] the merged LSE in log2 units
+        r_lse = tl.load(LSE + ((i_b * H + r_h) * N + r_i), mask=r_m, other=0.0) * LOG2E
+        b_pr = tl.exp2(b_s - r_lse[:, None])
+        if WITH_OUT:
+            b_o = tl.dot(b_pr.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+            tl.atomic_add(O32 + ((i_b * H + r_h[:, None]) * N + r_i[:, None]) * D + o_d[None, :], b_o,
+                          mask=r_m[:, None] & m_d[None, :], sem="relaxed")
+        if WITH_KL:
+            b_t = tl.sum(tl.reshape(b_pr, (BLOCK_Q, GP, BLOCK_N)), axis=1)
+    return b_t
+
+
+@triton.jit
+def _proxy_scores(QP, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, e_i, m_e, m_ek, pk_scale, DP: tl.constexpr,
+                  BLOCK_DP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """[BLOCK_Q, BLOCK_N] the proxy's scores of the entries' queries against the sub-block (log2
+    units, -inf where not visible)."""
+    o_dp = tl.arange(0, BLOCK_DP)
+    # [BLOCK_Q, BLOCK_DP]
+    b_qp = tl.load(QP + i_b * s_pqb + i_p * s_pqh + e_i[:, None] * s_pqn + o_dp[None, :],
+                   mask=m_e[:, None] & (o_dp < DP)[None, :], other=0.0)
+    b_sp = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC) * pk_scale
+    return tl.where(m_ek, b_sp, float("-inf"))
+
+
+@triton.jit
+def _proxy_lse_part(QP, LSEP_PART, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, i_sub, e_pos, e_i, m_e, m_ek, pk_scale,
+                    DP: tl.constexpr, BLOCK_DP: tl.constexpr, SUB: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The proxy's partial LSE of each entry over the sub-block."""
+    b_sp = _proxy_scores(QP, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, e_i, m_e, m_ek, pk_scale, DP, BLOCK_DP, DOT_PREC)
+    b_mp = tl.max(b_sp, axis=1)
+    b_mp = tl.where(b_mp == float("-inf"), 0.0, b_mp)
+    b_lp = tl.sum(tl.exp2(b_sp - b_mp[:, None]), axis=1)
+    tl.store(LSEP_PART + e_pos * SUB + i_sub, (b_mp + tl.log2(tl.where(b_lp > 0, b_lp, 1.0))) * LN2, mask=m_e & (b_lp > 0))
+
+
+@triton.jit
 def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSEP_PART, O32, KL_ROWS,
                    s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                    s_pqb, s_pqh, s_pqn, s_pkb, s_pkh, s_pkn,
                    N, NBLK, n_items, qk_scale, pk_scale,
                    H: tl.constexpr, HP: tl.constexpr, HP_PER_K: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                   G_KV: tl.constexpr, SPAN: tl.constexpr, KSEL: tl.constexpr,
+                   G_KV: tl.constexpr, SPAN: tl.constexpr, ALL_SPANS: tl.constexpr, KSEL: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, DP: tl.constexpr, BLOCK_DP: tl.constexpr,
                    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                    PASS: tl.constexpr, WITH_OUT: tl.constexpr, WITH_KL: tl.constexpr, HAS_DOCS: tl.constexpr,
                    DENSE: tl.constexpr, DOT_PREC: tl.constexpr):
     """PASS 1: partial LSEs (main heads and proxy) per entry. PASS 2: P @ V into O32 and the KL terms.
 
-    Grid: (work item, BLOCK / BLOCK_N key sub-blocks). qk_scale / pk_scale are the main / proxy
-    softmax scales times log2(e): scores in log2 units.
+    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, KV heads spanned by a proxy group). A tile's
+    rows are (entry, head) pairs over the heads of its proxy group that read the program's KV head
+    (GP of them, padded). ALL_SPANS (the KL with a span above one: its teacher is a mean over every
+    head of the group) instead walks the spanned KV heads in one program, and the grid's third
+    axis is 1. qk_scale / pk_scale are the main / proxy softmax scales times log2(e): scores in
+    log2 units.
     """
-    M: tl.constexpr = BLOCK_Q * GP
     SUB: tl.constexpr = BLOCK // BLOCK_N
     i_t = tl.program_id(0)
     i_sub = tl.program_id(1)
+    i_span = tl.program_id(2)
     lst = tl.load(ITEMS + i_t)
     length = tl.load(ITEMS + 2 * n_items + i_t)
     i_bp = lst // NBLK
@@ -149,22 +225,32 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     m_d = o_d < D
     o_dp = tl.arange(0, BLOCK_DP)
     m_dp = o_dp < DP
-    o_r = tl.arange(0, M)
-    r_g = o_r % GP
-    r_h = h0 + r_g
-    r_kv = r_h // G_KV
     if SPAN == 1:
+        # the group's heads all read one KV head
+        kv = kv0
+        hs = h0
+        n_h = G
+        n_end = length
+        m_kv = m_n
+    else:
+        kv = kv0 + i_span
+        hs, n_h = _span_heads(h0, kv, G, G_KV)
+        # no entry to walk for a KV head past the group's last
+        n_end = tl.where(n_h > 0, length, 0)
+        m_kv = o_n < tl.where(n_h > 0, tl.where(length > 0, N, 0), 0)
+    if not ALL_SPANS:
         # [BLOCK_N, BLOCK_D] the sub-block's keys and values, read once for every gathered query
-        b_k = tl.load(K + i_b * s_kb + kv0 * s_kh + o_n[:, None] * s_kn + o_d[None, :],
-                      mask=m_n[:, None] & m_d[None, :], other=0.0)
-        if PASS == 2:
-            b_v = tl.load(V + i_b * s_vb + kv0 * s_vh + o_n[:, None] * s_vn + o_d[None, :],
-                          mask=m_n[:, None] & m_d[None, :], other=0.0)
+        b_k = tl.load(K + i_b * s_kb + kv * s_kh + o_n[:, None] * s_kn + o_d[None, :],
+                      mask=m_kv[:, None] & m_d[None, :], other=0.0)
+        b_v = b_k
+        if PASS == 2 and WITH_OUT:
+            b_v = tl.load(V + i_b * s_vb + kv * s_vh + o_n[:, None] * s_vn + o_d[None, :],
+                          mask=m_kv[:, None] & m_d[None, :], other=0.0)
     if PASS == 1 or WITH_KL:
         # [BLOCK_N, BLOCK_DP]
         b_kp = tl.load(KP + i_b * s_pkb + i_pk * s_pkh + o_n[:, None] * s_pkn + o_dp[None, :],
                        mask=m_n[:, None] & m_dp[None, :], other=0.0)
-    for c in range(0, length, BLOCK_Q):
+    for c in range(0, n_end, BLOCK_Q):
         e_pos, e_i, m_e = _entries(ITEMS, REV, i_t, n_items, c, N, KSEL, BLOCK_Q, DENSE)
         if HAS_DOCS:
             e_start = tl.load(DSTART + e_i, mask=m_e, other=0)
@@ -173,65 +259,45 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
         # [BLOCK_Q, BLOCK_N] the keys each entry's query may see in this block
         m_ek = (o_n[None, :] <= e_i[:, None]) & (o_n[None, :] >= e_start[:, None]) & m_e[:, None] & m_n[None, :]
         r_i = _rows(e_i, BLOCK_Q, GP)
-        r_m = _rows(m_e, BLOCK_Q, GP) & (r_g < G)
-        m_rk = tl.reshape(tl.broadcast_to(m_ek[:, None, :], (BLOCK_Q, GP, BLOCK_N)), (M, BLOCK_N)) & r_m[:, None]
-        # [M, BLOCK_D]
-        b_q = tl.load(Q + i_b * s_qb + r_h[:, None] * s_qh + r_i[:, None] * s_qn + o_d[None, :],
-                      mask=r_m[:, None] & m_d[None, :], other=0.0)
-        if SPAN == 1:
-            b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
-        else:
-            b_s = tl.zeros([M, BLOCK_N], dtype=tl.float32)
-            for t in tl.static_range(SPAN):
-                # a proxy group in the last KV heads spans fewer than SPAN of them: no row past the
-                # last KV head is read (its zeros meet only rows of other KV heads, masked below)
-                m_nt = o_n < tl.where(kv0 + t < H // G_KV, tl.where(length > 0, N, 0), 0)
+        r_e = _rows(m_e, BLOCK_Q, GP)
+        m_rk_e = tl.reshape(tl.broadcast_to(m_ek[:, None, :], (BLOCK_Q, GP, BLOCK_N)), (BLOCK_Q * GP, BLOCK_N))
+        if ALL_SPANS:
+            b_t = tl.zeros([BLOCK_Q, BLOCK_N], dtype=tl.float32)
+            # a loop, not static_range: up to 16 KV heads' copies of the tile otherwise
+            for t in range(SPAN):
+                hs_t, n_t = _span_heads(h0, kv0 + t, G, G_KV)
+                # past the last KV head: zeros (P's zeros times garbage were NaN)
+                m_nt = o_n < tl.where(n_t > 0, tl.where(length > 0, N, 0), 0)
                 b_kt = tl.load(K + i_b * s_kb + (kv0 + t) * s_kh + o_n[:, None] * s_kn + o_d[None, :],
                                mask=m_nt[:, None] & m_d[None, :], other=0.0)
-                b_st = tl.dot(b_q, tl.trans(b_kt), input_precision=DOT_PREC) * qk_scale
-                b_s = tl.where((r_kv == kv0 + t)[:, None], b_st, b_s)
-        b_s = tl.where(m_rk, b_s, float("-inf"))
-        if PASS == 1 or WITH_KL:
-            # [BLOCK_Q, BLOCK_DP], [BLOCK_Q, BLOCK_N]
-            b_qp = tl.load(QP + i_b * s_pqb + i_p * s_pqh + e_i[:, None] * s_pqn + o_dp[None, :],
-                           mask=m_e[:, None] & m_dp[None, :], other=0.0)
-            b_sp = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC) * pk_scale
-            b_sp = tl.where(m_ek, b_sp, float("-inf"))
-        if PASS == 1:
-            b_m = tl.max(b_s, axis=1)
-            b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-            b_l = tl.sum(tl.exp2(b_s - b_m[:, None]), axis=1)
-            tl.store(LSE_PART + (_rows(e_pos, BLOCK_Q, GP) * SUB + i_sub) * G + r_g, (b_m + tl.log2(tl.where(b_l > 0, b_l, 1.0))) * LN2,
-                     mask=r_m & (b_l > 0))
-            b_mp = tl.max(b_sp, axis=1)
-            b_mp = tl.where(b_mp == float("-inf"), 0.0, b_mp)
-            b_lp = tl.sum(tl.exp2(b_sp - b_mp[:, None]), axis=1)
-            tl.store(LSEP_PART + e_pos * SUB + i_sub, (b_mp + tl.log2(tl.where(b_lp > 0, b_lp, 1.0))) * LN2, mask=m_e & (b_lp > 0))
+                b_vt = b_kt
+                if WITH_OUT:
+                    b_vt = tl.load(V + i_b * s_vb + (kv0 + t) * s_vh + o_n[:, None] * s_vn + o_d[None, :],
+                                   mask=m_nt[:, None] & m_d[None, :], other=0.0)
+                b_t += _fwd_heads(Q, LSE, LSE_PART, O32, b_kt, b_vt, s_qb, s_qh, s_qn, i_b, i_sub, h0, hs_t, n_t,
+                                  e_pos, r_i, r_e, m_rk_e, N, qk_scale, H, G, GP, D, BLOCK_D, BLOCK_N, BLOCK_Q,
+                                  SUB, PASS, WITH_OUT, WITH_KL, DOT_PREC)
         else:
-            # [M] the merged LSE in log2 units
-            r_lse = tl.load(LSE + ((i_b * H + r_h) * N + r_i), mask=r_m, other=0.0) * LOG2E
-            b_pr = tl.exp2(b_s - r_lse[:, None])
-            if WITH_OUT:
-                if SPAN == 1:
-                    b_o = tl.dot(b_pr.to(b_v.dtype), b_v, input_precision=DOT_PREC)
-                else:
-                    b_o = tl.zeros([M, BLOCK_D], dtype=tl.float32)
-                    for t in tl.static_range(SPAN):
-                        # as for K: past the last KV head, zeros (P's zeros times its garbage were NaN)
-                        m_nt = o_n < tl.where(kv0 + t < H // G_KV, tl.where(length > 0, N, 0), 0)
-                        b_vt = tl.load(V + i_b * s_vb + (kv0 + t) * s_vh + o_n[:, None] * s_vn + o_d[None, :],
-                                       mask=m_nt[:, None] & m_d[None, :], other=0.0)
-                        b_pt = tl.where((r_kv == kv0 + t)[:, None], b_pr, 0.0)
-                        b_o += tl.dot(b_pt.to(b_vt.dtype), b_vt, input_precision=DOT_PREC)
-                tl.atomic_add(O32 + ((i_b * H + r_h[:, None]) * N + r_i[:, None]) * D + o_d[None, :], b_o,
-                              mask=r_m[:, None] & m_d[None, :], sem="relaxed")
-            if WITH_KL:
-                # teacher: the mean probability over the proxy's main heads; student: softmax of the proxy
-                b_t = tl.sum(tl.reshape(b_pr, (BLOCK_Q, GP, BLOCK_N)), axis=1) / G
-                e_lsep = tl.load(LSEP + (i_bp * N + e_i), mask=m_e, other=0.0)
-                b_logs = tl.where(m_ek, b_sp * LN2 - e_lsep[:, None], 0.0)
-                b_kl = tl.where(b_t > 0, b_t * (tl.log(tl.where(b_t > 0, b_t, 1.0)) - b_logs), 0.0)
-                tl.atomic_add(KL_ROWS + (i_bp * N + e_i), tl.sum(b_kl, axis=1), mask=m_e, sem="relaxed")
+            b_t = _fwd_heads(Q, LSE, LSE_PART, O32, b_k, b_v, s_qb, s_qh, s_qn, i_b, i_sub, h0, hs, n_h,
+                             e_pos, r_i, r_e, m_rk_e, N, qk_scale, H, G, GP, D, BLOCK_D, BLOCK_N, BLOCK_Q,
+                             SUB, PASS, WITH_OUT, WITH_KL, DOT_PREC)
+        if PASS == 1:
+            if SPAN == 1:
+                _proxy_lse_part(QP, LSEP_PART, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, i_sub, e_pos, e_i, m_e, m_ek,
+                                pk_scale, DP, BLOCK_DP, SUB, DOT_PREC)
+            elif i_span == 0:
+                # once per entry: by the span's first program
+                _proxy_lse_part(QP, LSEP_PART, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, i_sub, e_pos, e_i, m_e, m_ek,
+                                pk_scale, DP, BLOCK_DP, SUB, DOT_PREC)
+        elif WITH_KL:
+            b_sp = _proxy_scores(QP, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, e_i, m_e, m_ek, pk_scale, DP, BLOCK_DP,
+                                 DOT_PREC)
+            # teacher: the mean probability over the proxy's main heads; student: softmax of the proxy
+            b_t = b_t / G
+            e_lsep = tl.load(LSEP + (i_bp * N + e_i), mask=m_e, other=0.0)
+            b_logs = tl.where(m_ek, b_sp * LN2 - e_lsep[:, None], 0.0)
+            b_kl = tl.where(b_t > 0, b_t * (tl.log(tl.where(b_t > 0, b_t, 1.0)) - b_logs), 0.0)
+            tl.atomic_add(KL_ROWS + (i_bp * N + e_i), tl.sum(b_kl, axis=1), mask=m_e, sem="relaxed")
 
 
 @triton.jit
@@ -241,16 +307,17 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
                    s_pqb, s_pqh, s_pqn, s_pkb, s_pkh, s_pkn, s_ob, s_oh, s_on,
                    N, NBLK, n_items, HKV, HPK, qk_scale, pk_scale, scale, p_scale,
                    H: tl.constexpr, HP: tl.constexpr, HP_PER_K: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                   G_KV: tl.constexpr, KSEL: tl.constexpr,
+                   G_KV: tl.constexpr, SPAN: tl.constexpr, KSEL: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, DP: tl.constexpr, BLOCK_DP: tl.constexpr,
                    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                    MAIN: tl.constexpr, WITH_KL: tl.constexpr, HAS_DOCS: tl.constexpr, DENSE: tl.constexpr,
                    DOT_PREC: tl.constexpr):
     """dQ, dK, dV of the main heads (MAIN) and the teaching gradient's dQ, dK of the proxy (WITH_KL).
 
-    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, KV heads spanned by a proxy group). With a
-    span above one, a program sees only its KV head's rows: the teaching gradient is linear in the
-    teacher, so each program adds its heads' share, and the span's first program the student's.
+    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, KV heads spanned by a proxy group). A tile's
+    rows are (entry, head) pairs over the heads of the proxy group that read the program's KV head
+    (GP of them, padded): the teaching gradient is linear in the teacher, so with a span above one
+    each program adds its heads' share, and the span's first program the student's.
     """
     M: tl.constexpr = BLOCK_Q * GP
     i_t = tl.program_id(0)
@@ -265,6 +332,14 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
     i_pk = i_p // HP_PER_K
     h0 = i_p * G
     i_kv = h0 // G_KV + i_span
+    if SPAN == 1:
+        hs = h0
+        n_h = G
+        n_end = length
+    else:
+        hs, n_h = _span_heads(h0, i_kv, G, G_KV)
+        # no entry to walk for a KV head past the group's last
+        n_end = tl.where(n_h > 0, length, 0)
     o_n = kb * BLOCK + i_sub * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < tl.where(length > 0, tl.where(i_kv < HKV, N, 0), 0)
     o_d = tl.arange(0, BLOCK_D)
@@ -273,7 +348,7 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
     m_dp = o_dp < DP
     o_r = tl.arange(0, M)
     r_g = o_r % GP
-    r_h = h0 + r_g
+    r_h = hs + r_g
     # [BLOCK_N, BLOCK_D]
     b_k = tl.load(K + i_b * s_kb + i_kv * s_kh + o_n[:, None] * s_kn + o_d[None, :],
                   mask=m_n[:, None] & m_d[None, :], other=0.0)
@@ -287,7 +362,7 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
                        mask=m_n[:, None] & m_dp[None, :], other=0.0)
         b_dkp = tl.zeros([BLOCK_N, BLOCK_DP], dtype=tl.float32)
         c_kl = tl.load(KL_GRAD)
-    for c in range(0, length, BLOCK_Q):
+    for c in range(0, n_end, BLOCK_Q):
         e_pos, e_i, m_e = _entries(ITEMS, REV, i_t, n_items, c, N, KSEL, BLOCK_Q, DENSE)
         if HAS_DOCS:
             e_start = tl.load(DSTART + e_i, mask=m_e, other=0)
@@ -295,7 +370,7 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
             e_start = tl.zeros([BLOCK_Q], dtype=tl.int32)
         m_ek = (o_n[None, :] <= e_i[:, None]) & (o_n[None, :] >= e_start[:, None]) & m_e[:, None] & m_n[None, :]
         r_i = _rows(e_i, BLOCK_Q, GP)
-        r_m = _rows(m_e, BLOCK_Q, GP) & (r_g < G) & (r_h // G_KV == i_kv)
+        r_m = _rows(m_e, BLOCK_Q, GP) & (r_g < n_h)
         m_rk = tl.reshape(tl.broadcast_to(m_ek[:, None, :], (BLOCK_Q, GP, BLOCK_N)), (M, BLOCK_N)) & r_m[:, None]
         r_off = (i_b * H + r_h) * N + r_i
         # [M, BLOCK_D]

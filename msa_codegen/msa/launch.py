@@ -132,9 +132,10 @@ def _pick(name: str, default: int) -> int:
 
 def default_config(block: int, n_sel: int, d: int, dp: int, g: int | None = None) -> MsaConfig:
     """The heuristic default of every field: what the launchers pick when nothing is set (and the
-    tuner's baseline). The stage counts depend on the tile's rows, so on G = H / Hp: given ``g``,
-    they are filled in (``stages``); without it they stay None, and the launchers derive them from
-    the rows they pick.
+    tuner's baseline). The stage counts depend on the tile's rows, so on the heads of a tile's
+    entry (``Heads.tile_heads``: G = H / Hp unless a proxy group spans several KV heads): given
+    ``g``, they are filled in (``stages``); without it they stay None, and the launchers derive
+    them from the rows they pick.
 
     H200, N=131072, G=4, K=16 (2026-12-02 sweep): selection 128 rows, 8 warps, 2 stages 20.1 ms,
     against 27.3 ms with 64 rows, 4 warps, 3 stages; the running top-K lives in registers, so fewer
@@ -192,6 +193,15 @@ class Heads:
         """How many KV heads one proxy group's main heads read (1 when proxy groups nest in KV groups)."""
         return max((p * self.g + self.g - 1) // self.g_kv - (p * self.g) // self.g_kv + 1 for p in range(self.hp))
 
+    @property
+    def tile_heads(self) -> int:
+        """The most heads of one proxy group that read one KV head: the heads of a tile's entry
+        (G when proxy groups nest in KV groups; fewer when a group spans several KV heads, whose
+        programs each take one KV head's share)."""
+        g, gk = self.g, self.g_kv
+        return max(min(p * g + g, (kv + 1) * gk) - max(p * g, kv * gk)
+                   for p in range(self.hp) for kv in range(p * g // gk, (p * g + g - 1) // gk + 1))
+
 
 def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart) -> torch.Tensor:
     """``(B, Hp, N, K)`` int32 selected key blocks per query, ascending, -1 unused (contract step 2)."""
@@ -237,13 +247,14 @@ def _items(counts: torch.Tensor, base: torch.Tensor, bound: int) -> torch.Tensor
     return torch.stack([lst, start, length]).to(torch.int32).contiguous()
 
 
-def reverse_index(idx: torch.Tensor, n_blocks: int, key_dtype=torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+def reverse_index(idx: torch.Tensor, n_blocks: int, key_dtype=torch.int32) -> tuple[torch.Tensor, torch.Tensor]:
     """For each (batch x proxy head, key block): the selection entries that chose it.
 
     Returns ``rev`` (flat positions ``((b * Hp + p) * N + i) * K + slot`` into ``idx``, grouped by
     list, queries ascending within a list) and the work items over it. O(N K) memory.
-    ``key_dtype``: the sort keys' type (int32 gives the same outputs; ``benchmarks/msa_ab.py
-    --reverse-index`` times the two).
+    ``key_dtype``: the sort keys' type. int64 gives the same outputs; CUDA's stable sort is a radix
+    sort over every bit of the key, so int32 halves its passes: 1.066 against 1.831 ms at N=131072
+    (H100, 2026-12-06, ``benchmarks/msa_ab.py --reverse-index``).
     """
     b, hp, n, nk = idx.shape
     total = idx.numel()
@@ -289,7 +300,8 @@ def stages(d: int, dp: int, rows: int) -> int:
 
 
 def tile_stages(g: int, rows: int, d: int, dp: int) -> int:
-    """``stages`` of the tile that a ``*_rows`` setting gives at G heads per proxy head."""
+    """``stages`` of the tile that a ``*_rows`` setting gives at ``g`` heads per entry
+    (``Heads.tile_heads``)."""
     entries, gp = tile_entries(g, rows)
     return stages(d, dp, entries * gp)
 
@@ -326,15 +338,16 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     if lse is None:
         lse_part = torch.full((b, heads.hp, n, n_sel * sub, heads.g), float("-inf"), device=dev)
         lsep_part = torch.full((b, heads.hp, n, n_sel * sub), float("-inf"), device=dev)
-        fwd[(n_items, sub)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
-                        PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
+        fwd[fwd_grid(n_items, consts)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
+                                       PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
         lse = torch.logsumexp(lse_part, dim=3).permute(0, 1, 3, 2).reshape(b, h, n).contiguous()
         lse_proxy = torch.logsumexp(lsep_part, dim=3).contiguous()
         del lse_part, lsep_part
     o32 = torch.zeros(b, h, n, d, device=dev, dtype=torch.float32) if with_out else lse
     kl_rows = torch.zeros(b, heads.hp, n, device=dev, dtype=torch.float32) if with_kl else lse
     if with_out or with_kl:
-        fwd[(n_items, sub)](*args(lse, lse_proxy, lse, lse, o32, kl_rows), **pass2_meta(consts, with_out, with_kl))
+        meta2 = pass2_meta(consts, with_out, with_kl)
+        fwd[fwd_grid(n_items, meta2)](*args(lse, lse_proxy, lse, lse, o32, kl_rows), **meta2)
     out = o32.to(q.dtype) if with_out else None
     kl = kl_rows.sum() / (b * heads.hp * n) if with_kl else None
     return out, lse, lse_proxy, kl
@@ -343,13 +356,13 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
 def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The forward kernel's constexprs (but PASS / WITH_OUT / WITH_KL) and launch options."""
     default = default_config(block, n_sel, d, dp)
-    bq, gp = tile_entries(heads.g, _pick("fwd_rows", default.fwd_rows))
+    bq, gp = tile_entries(heads.tile_heads, _pick("fwd_rows", default.fwd_rows))
     # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
     # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
     block_n = block if max(d, dp) <= 128 else 32
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
-                SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp),
-                BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
+                SPAN=heads.span, ALL_SPANS=False, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp,
+                BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
                 DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", default.fwd_warps),
                 num_stages=_pick("fwd_stages", stages(d, dp, bq * gp)))
 
@@ -357,19 +370,31 @@ def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bo
 def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
     """The forward's second pass: P @ V and / or the KL terms. With both, 128-row tiles outgrow
     shared memory (Triton 3.6, sm_90: 238592 B at three stages, 238336 B at two): half the entries."""
+    # the KL's teacher is a mean over every head of a proxy group: a group spanning several KV
+    # heads walks them in one program (the grid's third axis 1, ``fwd_grid``)
+    all_spans = with_kl and meta["SPAN"] > 1
+    if all_spans:
+        # the K / V loads in the walk over KV heads pipelined past shared memory (sm_90, Triton 3.9:
+        # 295424 B at three stages, H=16/16, Hp=1)
+        meta = dict(meta, num_stages=1)
     if not (with_out and with_kl):
-        return dict(meta, PASS=2, WITH_OUT=with_out, WITH_KL=with_kl)
-    return dict(meta, PASS=2, WITH_OUT=True, WITH_KL=True, BLOCK_Q=max(16, meta["BLOCK_Q"] // 2))
+        return dict(meta, PASS=2, WITH_OUT=with_out, WITH_KL=with_kl, ALL_SPANS=all_spans)
+    return dict(meta, PASS=2, WITH_OUT=True, WITH_KL=True, ALL_SPANS=all_spans, BLOCK_Q=max(16, meta["BLOCK_Q"] // 2))
+
+
+def fwd_grid(n_items: int, meta: dict) -> tuple[int, int, int]:
+    """The forward's grid for ``meta`` (one of its passes): work items, key sub-blocks, KV heads."""
+    return n_items, meta["BLOCK"] // meta["BLOCK_N"], 1 if meta["ALL_SPANS"] else meta["SPAN"]
 
 
 def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options."""
     default = default_config(block, n_sel, d, dp)
-    bq, gp = tile_entries(heads.g, _pick("bwd_rows", default.bwd_rows))
+    bq, gp = tile_entries(heads.tile_heads, _pick("bwd_rows", default.bwd_rows))
     block_n = min(block, _pick("bwd_block_n", default.bwd_block_n))
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
-                KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n,
-                BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
+                SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block,
+                BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
                 num_warps=_pick("bwd_warps", default.bwd_warps), num_stages=_pick("bwd_stages", stages(d, dp, bq * gp)))
 
 

@@ -54,6 +54,11 @@ class MsaProblem:
     def group(self) -> int:
         return self.heads // self.proxy_heads
 
+    @property
+    def tile_heads(self) -> int:
+        """The heads of a tile's entry (``launch.Heads.tile_heads``), on which the stage limit depends."""
+        return launch.Heads(self.heads, self.kv_heads, self.proxy_heads, self.proxy_heads).tile_heads
+
     def describe(self) -> str:
         return (f"msa_attention B=1 H={self.heads} Hkv={self.kv_heads} Hp={self.proxy_heads} N={self.seqlen} "
                 f"D=Dp={self.head_dim} {str(self.dtype).replace('torch.', '')} top_k={self.top_k} "
@@ -64,10 +69,10 @@ def why_excluded(direction: str, params: dict, problem: MsaProblem) -> str | Non
     """Why a candidate cannot run (pruned before it compiles), or None."""
     rows_name, stages_name = ("fwd_rows", "fwd_stages") if direction == "fwd" else ("bwd_rows", "bwd_stages")
     if not problem.interpreter:
-        most = launch.tile_stages(problem.group, params[rows_name], problem.head_dim, problem.head_dim)
+        most = launch.tile_stages(problem.tile_heads, params[rows_name], problem.head_dim, problem.head_dim)
         if params[stages_name] > most:
             return (f"shared memory: {stages_name}={params[stages_name]} with {rows_name}={params[rows_name]} at "
-                    f"G={problem.group}, head dim {problem.head_dim} (at most {most}, launch.tile_stages)")
+                    f"{problem.tile_heads} heads per entry, head dim {problem.head_dim} (at most {most}, launch.tile_stages)")
     if direction == "fwd":
         if problem.block % params["select_block_m"]:
             return f"select_block_m={params['select_block_m']} does not divide block={problem.block}"
@@ -104,7 +109,7 @@ class MsaBench:
 
         self.inputs = (rnd(p.heads), rnd(p.kv_heads), rnd(p.kv_heads), rnd(p.proxy_heads), rnd(p.proxy_heads))
         self.do = torch.randn(1, p.heads, p.seqlen, p.head_dim, generator=gen).to(dev, p.dtype)
-        self.default = launch.default_config(p.block, p.top_k // p.block, p.head_dim, p.head_dim, g=p.group)
+        self.default = launch.default_config(p.block, p.top_k // p.block, p.head_dim, p.head_dim, g=p.tile_heads)
         self.ref = self._outputs(self.default)
 
     def config(self, params: dict) -> launch.MsaConfig:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import msa_codegen as msa
-from msa_codegen.msa import reference_select
+from msa_codegen.msa import launch, reference_select
 
 from helpers import run_sm90_script
 
@@ -62,6 +62,9 @@ CASES = [
     # proxy groups of 3 heads over KV groups of 4: the second spans two KV heads (SPAN 2), the last
     # lies in the last KV head alone, whose second span step has no KV head to read
     pytest.param(177, 12, 3, 4, 2, 16, 32, 128, 384, False, id="n177-h12-kv3-hp4-last-group-in-the-last-kv-head"),
+    # proxy groups of 6 heads over KV groups of 4: each spans two KV heads unevenly (4 + 2, 2 + 4
+    # heads), so a program's tile starts at a head inside its group and holds fewer rows than GP
+    pytest.param(150, 12, 3, 2, 1, 16, 16, 64, 128, False, id="n150-h12-kv3-hp2-uneven-spans"),
 ]
 
 
@@ -104,6 +107,21 @@ def test_select_matches_reference(device, n, hp, hpk, dp, block, top_k, docs):
     assert torch.equal(idx.cpu(), reference_select(qp, kp, top_k, block, cu_seqlens=cu).cpu())
     own = torch.arange(n, device=device) // block
     assert (idx == own[:, None]).any(-1).all()                # every query keeps its own block
+
+
+def test_tiles_hold_one_kv_heads_share_of_a_proxy_group():
+    """A tile's entry holds the heads of its proxy group that read one KV head: a group spanning
+    several KV heads is split between programs, not padded to all of its heads (16 / 16 / 1 ran
+    16 products a tile, one of them used, and 32 / 8 / 1 overflowed shared memory)."""
+    assert [launch.Heads(*hs).tile_heads for hs in
+            [(16, 2, 4, 1), (16, 16, 1, 1), (32, 8, 1, 1), (32, 8, 4, 1), (12, 3, 2, 1), (12, 3, 4, 2), (16, 1, 1, 1)]] \
+        == [4, 1, 4, 4, 4, 3, 16]
+    assert [launch.Heads(*hs).span for hs in [(16, 2, 4, 1), (16, 16, 1, 1), (12, 3, 2, 1), (12, 3, 4, 2)]] == [1, 16, 2, 2]
+    meta = launch.fwd_meta(launch.Heads(32, 8, 1, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
+    assert (meta["GP"], meta["BLOCK_Q"] * meta["GP"], launch.fwd_grid(7, meta)) == (4, 128, (7, 1, 8))
+    # the exact KL's pass: a mean over the whole group, so one program walks the group's KV heads
+    assert launch.fwd_grid(7, launch.pass2_meta(meta, True, True)) == (7, 1, 1)
+    assert launch.fwd_grid(7, launch.pass2_meta(meta, True, False)) == (7, 1, 8)
 
 
 def test_select_ties_go_to_the_lower_block(device):

@@ -112,13 +112,16 @@ def test_stage_counts_follow_the_rows_and_can_be_set():
         assert (meta["num_stages"], meta["num_warps"], meta["BLOCK_Q"] * meta["GP"]) == (1, 4, 64)
         assert launch.bwd_meta(heads, 128, 128, 128, 16, False, False, torch.bfloat16)["num_stages"] == 2
 
-    def problem(heads, proxy_heads, d, interpreter=False):
-        return MsaProblem("msa=2048", 2048, 128, heads, 2, proxy_heads, 131072, d, torch.bfloat16, "cuda",
+    def problem(heads, proxy_heads, d, interpreter=False, kv_heads=2):
+        return MsaProblem("msa=2048", 2048, 128, heads, kv_heads, proxy_heads, 131072, d, torch.bfloat16, "cuda",
                           interpreter)
 
     fwd = dict(select_block_m=128, select_warps=8, select_stages=2, fwd_rows=128, fwd_warps=8)
     assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 4, 128)) is None
-    assert "shared memory" in why_excluded("fwd", dict(fwd, fwd_stages=2), problem(16, 1, 128))   # 256 rows
+    # one KV head under the proxy's 16 heads: 16 entries x 16 heads = 256 rows
+    assert "shared memory" in why_excluded("fwd", dict(fwd, fwd_stages=2), problem(16, 1, 128, kv_heads=1))
+    # two KV heads: each program takes one KV head's 8 heads, 16 x 8 = 128 rows
+    assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 1, 128)) is None
     assert "shared memory" in why_excluded("bwd", dict(bwd_rows=64, bwd_block_n=32, bwd_warps=8, bwd_stages=3),
                                            problem(16, 4, 256))
     assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 1, 128, interpreter=True)) is None
