@@ -22,7 +22,7 @@ One table last. ``--device cpu`` runs the same on the CPU for a smoke test (set 
 before Python starts; wall-clock timing, meaningless as a figure).
 
 ``--reverse-index``: instead, the reverse index of the same selection as the library builds it
-(``launch.reverse_index``: int64 sort keys) against the same with ``key_dtype=torch.int32`` (CUDA's
+(``launch.reverse_index``: int32 sort keys) against the same with ``key_dtype=torch.int64`` (CUDA's
 stable sort is a radix sort over every bit of the key) and a copy of the first; the
 outputs must be identical (benchmarks/NOTES.md, "The reverse index's sort keys").
 """
@@ -173,17 +173,17 @@ def main(argv=None) -> int:
 
 
 def _reverse_index_ab(idx, n_blocks: int, timer, rounds: int) -> int:
-    fns = {"int64 (tree)": lambda: launch.reverse_index(idx, n_blocks),
-           "int32": lambda: launch.reverse_index(idx, n_blocks, key_dtype=torch.int32),
-           "int64 copy": lambda: launch.reverse_index(idx, n_blocks)}
-    (rev, items), (rev32, items32) = fns["int64 (tree)"](), fns["int32"]()
-    same = torch.equal(rev, rev32) and torch.equal(items, items32)
-    print(f"reverse index of {idx.numel()} selection entries, {tuple(idx.shape)}: int32 keys give "
+    fns = {"int32 (tree)": lambda: launch.reverse_index(idx, n_blocks),
+           "int64": lambda: launch.reverse_index(idx, n_blocks, key_dtype=torch.int64),
+           "int32 copy": lambda: launch.reverse_index(idx, n_blocks)}
+    (rev, items), (rev64, items64) = fns["int32 (tree)"](), fns["int64"]()
+    same = torch.equal(rev, rev64) and torch.equal(items, items64)
+    print(f"reverse index of {idx.numel()} selection entries, {tuple(idx.shape)}: int32 and int64 keys give "
           f"{'identical' if same else 'DIFFERENT'} outputs")
     if not same:
         return 1
     res = interleaved(lambda name: timer(fns[name]), list(fns), rounds)
-    base = res["int64 (tree)"][0]
+    base = res["int32 (tree)"][0]
     print(f"\n| keys | median ms | IQR ms | vs tree |\n| --- | --- | --- | --- |")
     for name, (med, iqr) in res.items():
         print(f"| {name} | {med:.3f} | {iqr:.3f} | {med / base:.3f}x |")

@@ -156,10 +156,10 @@ def test_msa_ab_runs_each_variants_config(capsys, monkeypatch):
             ab.main(["--device", "cpu", "--variant", bad])
 
 
-def test_msa_ab_reverse_index_int32_matches_the_library(capsys):
-    """launch.reverse_index with 32-bit sort keys (what benchmarks/msa_ab.py --reverse-index times)
-    gives the 64-bit keys' reverse index exactly (unused slots, two batches, several proxy heads),
-    and the run reports it."""
+def test_msa_ab_reverse_index_int32_matches_int64(capsys):
+    """launch.reverse_index with 32-bit sort keys (the default) gives the 64-bit keys' reverse
+    index exactly (unused slots, two batches, several proxy heads), and benchmarks/msa_ab.py
+    --reverse-index, which times the two, reports it."""
     from msa_codegen.msa import launch
 
     ab = _benchmark_module("msa_ab")
@@ -167,9 +167,9 @@ def test_msa_ab_reverse_index_int32_matches_the_library(capsys):
     n, nk, nb = 517, 4, 9
     idx = torch.randint(0, nb, (2, 3, n, nk), generator=g).sort(-1).values.to(torch.int32)
     idx[torch.rand(idx.shape, generator=g) < 0.2] = -1
-    got, want = launch.reverse_index(idx, nb, key_dtype=torch.int32), launch.reverse_index(idx, nb)
+    got, want = launch.reverse_index(idx, nb), launch.reverse_index(idx, nb, key_dtype=torch.int64)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     rc = ab.main(["--device", "cpu", "--dtype", "float32", "--n", "200", "--heads", "4,2,2,1", "--head-dim", "32",
                   "--top-k", "128", "--block", "64", "--rounds", "1", "--reverse-index"])
     out = capsys.readouterr().out
-    assert rc == 0 and "int32 keys give identical outputs" in out and out.count("| int") == 3, out
+    assert rc == 0 and "int32 and int64 keys give identical outputs" in out and out.count("| int") == 3, out
