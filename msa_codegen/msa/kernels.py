@@ -114,11 +114,14 @@ def _entries(ITEMS, REV, i_t, n_items, c, N, K: tl.constexpr, BLOCK_Q: tl.conste
 
 
 @triton.jit
-def _span_heads(h0, kv, G: tl.constexpr, G_KV: tl.constexpr):
-    """The heads of the proxy group h0 .. h0 + G - 1 that read KV head kv: the first, and how many
-    (none for a KV head past the group's last)."""
-    hs = tl.maximum(h0, kv * G_KV)
-    return hs, tl.minimum(h0 + G, (kv + 1) * G_KV) - hs
+def _chunk_heads(h0, c, G: tl.constexpr, G_KV: tl.constexpr, CH: tl.constexpr, CPS: tl.constexpr):
+    """Chunk c of the proxy group of heads h0 .. h0 + G - 1: its KV head, first head and number of
+    heads. The group's heads are cut where their KV head changes, and each KV head's share into
+    CPS chunks of at most CH heads; a chunk past the end of its share has none."""
+    kv = h0 // G_KV + c // CPS
+    lo = tl.maximum(h0, kv * G_KV)
+    hs = lo + (c % CPS) * CH
+    return kv, hs, tl.minimum(tl.minimum(h0 + G, (kv + 1) * G_KV) - hs, CH)
 
 
 @triton.jit
@@ -191,24 +194,25 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                    s_pqb, s_pqh, s_pqn, s_pkb, s_pkh, s_pkn,
                    N, NBLK, n_items, qk_scale, pk_scale,
                    H: tl.constexpr, HP: tl.constexpr, HP_PER_K: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                   G_KV: tl.constexpr, SPAN: tl.constexpr, ALL_SPANS: tl.constexpr, KSEL: tl.constexpr,
+                   G_KV: tl.constexpr, SPAN: tl.constexpr, CH: tl.constexpr, CPS: tl.constexpr,
+                   WHOLE_GROUP: tl.constexpr, KSEL: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, DP: tl.constexpr, BLOCK_DP: tl.constexpr,
                    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                    PASS: tl.constexpr, WITH_OUT: tl.constexpr, WITH_KL: tl.constexpr, HAS_DOCS: tl.constexpr,
                    DENSE: tl.constexpr, DOT_PREC: tl.constexpr):
     """PASS 1: partial LSEs (main heads and proxy) per entry. PASS 2: P @ V into O32 and the KL terms.
 
-    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, KV heads spanned by a proxy group). A tile's
-    rows are (entry, head) pairs over the heads of its proxy group that read the program's KV head
-    (GP of them, padded). ALL_SPANS (the KL with a span above one: its teacher is a mean over every
-    head of the group) instead walks the spanned KV heads in one program, and the grid's third
-    axis is 1. qk_scale / pk_scale are the main / proxy softmax scales times log2(e): scores in
-    log2 units.
+    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, head chunks of a proxy group). A tile's rows
+    are (entry, head) pairs over one chunk: at most CH heads of the group that read one KV head
+    (GP, padded); SPAN KV heads a group, CPS chunks a KV head's share (``_chunk_heads``).
+    WHOLE_GROUP (the KL with more than one chunk: its teacher is a mean over every head of the
+    group) instead walks the chunks in one program, and the grid's third axis is 1. qk_scale /
+    pk_scale are the main / proxy softmax scales times log2(e): scores in log2 units.
     """
     SUB: tl.constexpr = BLOCK // BLOCK_N
     i_t = tl.program_id(0)
     i_sub = tl.program_id(1)
-    i_span = tl.program_id(2)
+    i_c = tl.program_id(2)
     lst = tl.load(ITEMS + i_t)
     length = tl.load(ITEMS + 2 * n_items + i_t)
     i_bp = lst // NBLK
@@ -225,20 +229,19 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     m_d = o_d < D
     o_dp = tl.arange(0, BLOCK_DP)
     m_dp = o_dp < DP
-    if SPAN == 1:
-        # the group's heads all read one KV head
+    if SPAN * CPS == 1:
+        # one chunk: the whole group, which reads one KV head
         kv = kv0
         hs = h0
         n_h = G
         n_end = length
         m_kv = m_n
     else:
-        kv = kv0 + i_span
-        hs, n_h = _span_heads(h0, kv, G, G_KV)
-        # no entry to walk for a KV head past the group's last
+        kv, hs, n_h = _chunk_heads(h0, i_c, G, G_KV, CH, CPS)
+        # no entry to walk for an empty chunk
         n_end = tl.where(n_h > 0, length, 0)
         m_kv = o_n < tl.where(n_h > 0, tl.where(length > 0, N, 0), 0)
-    if not ALL_SPANS:
+    if not WHOLE_GROUP:
         # [BLOCK_N, BLOCK_D] the sub-block's keys and values, read once for every gathered query
         b_k = tl.load(K + i_b * s_kb + kv * s_kh + o_n[:, None] * s_kn + o_d[None, :],
                       mask=m_kv[:, None] & m_d[None, :], other=0.0)
@@ -261,18 +264,18 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
         r_i = _rows(e_i, BLOCK_Q, GP)
         r_e = _rows(m_e, BLOCK_Q, GP)
         m_rk_e = tl.reshape(tl.broadcast_to(m_ek[:, None, :], (BLOCK_Q, GP, BLOCK_N)), (BLOCK_Q * GP, BLOCK_N))
-        if ALL_SPANS:
+        if WHOLE_GROUP:
             b_t = tl.zeros([BLOCK_Q, BLOCK_N], dtype=tl.float32)
-            # a loop, not static_range: up to 16 KV heads' copies of the tile otherwise
-            for t in range(SPAN):
-                hs_t, n_t = _span_heads(h0, kv0 + t, G, G_KV)
-                # past the last KV head: zeros (P's zeros times garbage were NaN)
+            # a loop, not static_range: up to 16 copies of the tile otherwise
+            for t in range(SPAN * CPS):
+                kv_t, hs_t, n_t = _chunk_heads(h0, t, G, G_KV, CH, CPS)
+                # an empty chunk (past the last KV head, too): zeros (P's zeros times garbage were NaN)
                 m_nt = o_n < tl.where(n_t > 0, tl.where(length > 0, N, 0), 0)
-                b_kt = tl.load(K + i_b * s_kb + (kv0 + t) * s_kh + o_n[:, None] * s_kn + o_d[None, :],
+                b_kt = tl.load(K + i_b * s_kb + kv_t * s_kh + o_n[:, None] * s_kn + o_d[None, :],
                                mask=m_nt[:, None] & m_d[None, :], other=0.0)
                 b_vt = b_kt
                 if WITH_OUT:
-                    b_vt = tl.load(V + i_b * s_vb + (kv0 + t) * s_vh + o_n[:, None] * s_vn + o_d[None, :],
+                    b_vt = tl.load(V + i_b * s_vb + kv_t * s_vh + o_n[:, None] * s_vn + o_d[None, :],
                                    mask=m_nt[:, None] & m_d[None, :], other=0.0)
                 b_t += _fwd_heads(Q, LSE, LSE_PART, O32, b_kt, b_vt, s_qb, s_qh, s_qn, i_b, i_sub, h0, hs_t, n_t,
                                   e_pos, r_i, r_e, m_rk_e, N, qk_scale, H, G, GP, D, BLOCK_D, BLOCK_N, BLOCK_Q,
@@ -282,11 +285,11 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
                              e_pos, r_i, r_e, m_rk_e, N, qk_scale, H, G, GP, D, BLOCK_D, BLOCK_N, BLOCK_Q,
                              SUB, PASS, WITH_OUT, WITH_KL, DOT_PREC)
         if PASS == 1:
-            if SPAN == 1:
+            if SPAN * CPS == 1:
                 _proxy_lse_part(QP, LSEP_PART, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, i_sub, e_pos, e_i, m_e, m_ek,
                                 pk_scale, DP, BLOCK_DP, SUB, DOT_PREC)
-            elif i_span == 0:
-                # once per entry: by the span's first program
+            elif i_c == 0:
+                # once per entry: by the group's first chunk
                 _proxy_lse_part(QP, LSEP_PART, b_kp, s_pqb, s_pqh, s_pqn, i_b, i_p, i_sub, e_pos, e_i, m_e, m_ek,
                                 pk_scale, DP, BLOCK_DP, SUB, DOT_PREC)
         elif WITH_KL:
@@ -307,22 +310,22 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
                    s_pqb, s_pqh, s_pqn, s_pkb, s_pkh, s_pkn, s_ob, s_oh, s_on,
                    N, NBLK, n_items, HKV, HPK, qk_scale, pk_scale, scale, p_scale,
                    H: tl.constexpr, HP: tl.constexpr, HP_PER_K: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                   G_KV: tl.constexpr, SPAN: tl.constexpr, KSEL: tl.constexpr,
+                   G_KV: tl.constexpr, SPAN: tl.constexpr, CH: tl.constexpr, CPS: tl.constexpr,
+                   KSEL: tl.constexpr,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, DP: tl.constexpr, BLOCK_DP: tl.constexpr,
                    BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr,
                    MAIN: tl.constexpr, WITH_KL: tl.constexpr, HAS_DOCS: tl.constexpr, DENSE: tl.constexpr,
                    DOT_PREC: tl.constexpr):
     """dQ, dK, dV of the main heads (MAIN) and the teaching gradient's dQ, dK of the proxy (WITH_KL).
 
-    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, KV heads spanned by a proxy group). A tile's
-    rows are (entry, head) pairs over the heads of the proxy group that read the program's KV head
-    (GP of them, padded): the teaching gradient is linear in the teacher, so with a span above one
-    each program adds its heads' share, and the span's first program the student's.
+    Grid: (work item, BLOCK / BLOCK_N key sub-blocks, head chunks of a proxy group), the chunks as
+    in ``msa_fwd_kernel``: the teaching gradient is linear in the teacher, so with several chunks
+    each program adds its heads' share, and the group's first chunk the student's.
     """
     M: tl.constexpr = BLOCK_Q * GP
     i_t = tl.program_id(0)
     i_sub = tl.program_id(1)
-    i_span = tl.program_id(2)
+    i_c = tl.program_id(2)
     lst = tl.load(ITEMS + i_t)
     length = tl.load(ITEMS + 2 * n_items + i_t)
     i_bp = lst // NBLK
@@ -331,14 +334,14 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
     i_p = i_bp % HP
     i_pk = i_p // HP_PER_K
     h0 = i_p * G
-    i_kv = h0 // G_KV + i_span
-    if SPAN == 1:
+    if SPAN * CPS == 1:
+        i_kv = h0 // G_KV
         hs = h0
         n_h = G
         n_end = length
     else:
-        hs, n_h = _span_heads(h0, i_kv, G, G_KV)
-        # no entry to walk for a KV head past the group's last
+        i_kv, hs, n_h = _chunk_heads(h0, i_c, G, G_KV, CH, CPS)
+        # no entry to walk for an empty chunk
         n_end = tl.where(n_h > 0, length, 0)
     o_n = kb * BLOCK + i_sub * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < tl.where(length > 0, tl.where(i_kv < HKV, N, 0), 0)
@@ -398,7 +401,7 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
             b_st = tl.where(m_ek, tl.exp2(b_sp - e_lsep[:, None]), 0.0)
             b_te = tl.sum(tl.reshape(b_pr, (BLOCK_Q, GP, BLOCK_N)), axis=1) / G
             # d kl / d proxy logit = student - teacher (times the mean's 1 / (B Hp N) and kl's gradient)
-            b_dsp = (c_kl * (tl.where(i_span == 0, b_st, 0.0) - b_te)).to(b_qp.dtype)
+            b_dsp = (c_kl * (tl.where(i_c == 0, b_st, 0.0) - b_te)).to(b_qp.dtype)
             b_dkp += tl.dot(tl.trans(b_dsp), b_qp, input_precision=DOT_PREC)
             b_dqp = tl.dot(b_dsp, b_kp, input_precision=DOT_PREC) * p_scale
             tl.atomic_add(DQP + (i_bp * N + e_i)[:, None] * DP + o_dp[None, :], b_dqp,

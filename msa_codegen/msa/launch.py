@@ -294,7 +294,7 @@ def _strides(t: torch.Tensor):
 def stages(d: int, dp: int, rows: int) -> int:
     """The main attention's default software pipelining depth of the gathered loads, within the
     227 KiB of shared memory: above head dim 128, three stages overflow it (Triton 3.6 on the H200
-    asked for 262 KiB); so do tiles of 256 rows (16 heads per proxy) at two or three stages (1.2 MB
+    asked for 262 KiB); so do tiles of 256 rows (``fwd_rows=256``) at two or three stages (1.2 MB
     asked, sm_90 compile of Triton 3.6), and fit at one (112 KiB). The most a config may set."""
     return 1 if max(d, dp) > 128 or rows > 128 else 3
 
@@ -306,11 +306,24 @@ def tile_stages(g: int, rows: int, d: int, dp: int) -> int:
     return stages(d, dp, entries * gp)
 
 
+def head_chunk(g: int, rows: int) -> int:
+    """Heads per tile entry for ``rows``-row tiles when a KV head's share of a proxy group has
+    ``g`` heads: a tile holds at least 16 entries (the teaching gradient's products run over the
+    entries), so a larger share is cut into chunks of rows / 16 heads, each its own program."""
+    return max(1, min(g, rows // 16))
+
+
 def tile_entries(g: int, rows: int) -> tuple[int, int]:
-    """Entries per tile and the heads per entry padded to a power of two; at least 16 entries
-    (the teaching gradient's products run over the entries)."""
-    gp = pow2(g)
+    """Entries per tile and the heads per entry (``head_chunk``) padded to a power of two."""
+    gp = pow2(head_chunk(g, rows))
     return max(16, rows // gp), gp
+
+
+def _chunks(heads: Heads, rows: int) -> dict:
+    """The kernels' head-chunk constexprs: KV heads a proxy group spans, heads a chunk, chunks a
+    KV head's share."""
+    ch = head_chunk(heads.tile_heads, rows)
+    return dict(SPAN=heads.span, CH=ch, CPS=cdiv(heads.tile_heads, ch))
 
 
 def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, block: int, scale: float,
@@ -356,12 +369,13 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
 def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The forward kernel's constexprs (but PASS / WITH_OUT / WITH_KL) and launch options."""
     default = default_config(block, n_sel, d, dp)
-    bq, gp = tile_entries(heads.tile_heads, _pick("fwd_rows", default.fwd_rows))
+    rows = _pick("fwd_rows", default.fwd_rows)
+    bq, gp = tile_entries(heads.tile_heads, rows)
     # the whole key block per program up to head dims of 128; above, K, V and the proxy's K of a
     # 128-key block overflow shared memory: sub-blocks of 32 keys, each its own program
     block_n = block if max(d, dp) <= 128 else 32
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
-                SPAN=heads.span, ALL_SPANS=False, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp,
+                **_chunks(heads, rows), WHOLE_GROUP=False, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp,
                 BLOCK_DP=block_d(dp), BLOCK=block, BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense,
                 DOT_PREC=dot_precision(dtype), num_warps=_pick("fwd_warps", default.fwd_warps),
                 num_stages=_pick("fwd_stages", stages(d, dp, bq * gp)))
@@ -369,31 +383,37 @@ def fwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bo
 
 def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
     """The forward's second pass: P @ V and / or the KL terms. With both, 128-row tiles outgrow
-    shared memory (Triton 3.6, sm_90: 238592 B at three stages, 238336 B at two): half the entries."""
-    # the KL's teacher is a mean over every head of a proxy group: a group spanning several KV
-    # heads walks them in one program (the grid's third axis 1, ``fwd_grid``)
-    all_spans = with_kl and meta["SPAN"] > 1
-    if all_spans:
-        # the K / V loads in the walk over KV heads pipelined past shared memory (sm_90, Triton 3.9:
-        # 295424 B at three stages, H=16/16, Hp=1)
-        meta = dict(meta, num_stages=1)
-    if not (with_out and with_kl):
-        return dict(meta, PASS=2, WITH_OUT=with_out, WITH_KL=with_kl, ALL_SPANS=all_spans)
-    return dict(meta, PASS=2, WITH_OUT=True, WITH_KL=True, ALL_SPANS=all_spans, BLOCK_Q=max(16, meta["BLOCK_Q"] // 2))
+    shared memory (Triton 3.6, sm_90: 238592 B at three stages, 238336 B at two): half the
+    entries, or, where a tile has only its 16 (8 heads an entry), one stage (131072 B)."""
+    # the KL's teacher is a mean over every head of a proxy group: a group of several chunks
+    # walks them in one program (the grid's third axis 1, ``fwd_grid``); the K / V loads of that
+    # walk pipelined past shared memory (sm_90, Triton 3.9: 295424 B at three stages, H=16/16,
+    # Hp=1), so it runs at one stage
+    whole = with_kl and meta["SPAN"] * meta["CPS"] > 1
+    out = dict(meta, PASS=2, WITH_OUT=with_out, WITH_KL=with_kl, WHOLE_GROUP=whole)
+    if whole:
+        out["num_stages"] = 1
+    if with_out and with_kl:
+        if meta["BLOCK_Q"] > 16:
+            out["BLOCK_Q"] = meta["BLOCK_Q"] // 2
+        else:
+            out["num_stages"] = 1
+    return out
 
 
 def fwd_grid(n_items: int, meta: dict) -> tuple[int, int, int]:
-    """The forward's grid for ``meta`` (one of its passes): work items, key sub-blocks, KV heads."""
-    return n_items, meta["BLOCK"] // meta["BLOCK_N"], 1 if meta["ALL_SPANS"] else meta["SPAN"]
+    """The forward's grid for ``meta`` (one of its passes): work items, key sub-blocks, head chunks."""
+    return n_items, meta["BLOCK"] // meta["BLOCK_N"], 1 if meta["WHOLE_GROUP"] else meta["SPAN"] * meta["CPS"]
 
 
 def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
     """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options."""
     default = default_config(block, n_sel, d, dp)
-    bq, gp = tile_entries(heads.tile_heads, _pick("bwd_rows", default.bwd_rows))
+    rows = _pick("bwd_rows", default.bwd_rows)
+    bq, gp = tile_entries(heads.tile_heads, rows)
     block_n = min(block, _pick("bwd_block_n", default.bwd_block_n))
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
-                SPAN=heads.span, KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block,
+                **_chunks(heads, rows), KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block,
                 BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
                 num_warps=_pick("bwd_warps", default.bwd_warps), num_stages=_pick("bwd_stages", stages(d, dp, bq * gp)))
 
@@ -421,7 +441,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
     meta = bwd_meta(heads, d, dp, block, n_sel, dstart is not None, dense, q.dtype)
     log2e = 1.4426950408889634
-    grid = (n_items, block // meta["BLOCK_N"], heads.span)
+    grid = (n_items, block // meta["BLOCK_N"], meta["SPAN"] * meta["CPS"])
     kernels().msa_bwd_kernel[grid](
         q, k, v, q_proxy, k_proxy, do, dstart if dstart is not None else items, items,
         rev if rev is not None else items, lse, delta, lse_proxy, c_kl, dq, dk, dv, dqp, dkp,

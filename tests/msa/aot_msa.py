@@ -58,9 +58,11 @@ def main():
     k = launch.kernels()
     # (H, Hkv, Hp, Hpk, D, Dp, block, top_k / block)
     # the shape; 16 heads per proxy over 16 KV heads (a span of 16); 32 / 8 / 1 (a span of 8
-    # groups of 4: padded to the whole group, its tiles overflowed shared memory); D = Dp = 256 (sub-blocks)
+    # groups of 4: padded to the whole group, its tiles overflowed shared memory); 32 / 4 / 4 (8 heads
+    # on a KV head: the backward's 128-row tiles overflowed it before they were cut into chunks, and
+    # the out + KL pass's 16 entries x 8 heads at three stages on Triton 3.6); D = Dp = 256 (sub-blocks)
     layouts = [(16, 2, 4, 1, 128, 128, 128, 16), (16, 16, 1, 1, 128, 64, 128, 16), (32, 8, 1, 1, 128, 128, 128, 16),
-               (4, 4, 2, 1, 256, 256, 64, 64)]
+               (32, 4, 4, 1, 128, 128, 128, 16), (4, 4, 2, 1, 256, 256, 64, 64)]
     for h, hkv, hp, hpk, d, dp, block, n_sel in layouts:
         heads = launch.Heads(h, hkv, hp, hpk)
         jobs = [(k.msa_select_kernel, launch.select_meta(hp, hpk, dp, block, n_sel, True, torch.bfloat16))]

@@ -93,6 +93,28 @@ def test_matches_reference(device, n, h, hkv, hp, hpk, d, dp, block, top_k, docs
         assert ours[1].item() > 0 and ours[5].abs().sum() > 0   # a KL that teaches something
 
 
+@pytest.mark.parametrize("n,h,hkv,hp,hpk,rows", [
+    # proxy groups of 6 over KV groups of 4 (shares 4 + 2, 2 + 4) in chunks of 2: the second chunk
+    # of a 2-head share is empty
+    pytest.param(150, 12, 3, 2, 1, 32, id="uneven-spans-in-chunks-of-2"),
+    # 16 heads on one KV head at the default rows: forward chunks of 8, backward chunks of 4
+    pytest.param(140, 16, 1, 1, 1, None, id="g16-default-rows"),
+    # a share of 6 heads in chunks of 4 and 2
+    pytest.param(130, 6, 1, 1, 1, 64, id="share-6-in-chunks-of-4"),
+])
+def test_head_chunks_match_reference(device, n, h, hkv, hp, hpk, rows):
+    """A KV head's share of a proxy group larger than a tile's rows / 16 is cut into chunks, each
+    its own program (``launch.head_chunk``); the exact KL's pass walks them in one."""
+    if device.type == "cuda":
+        pytest.skip("the interpreter's check; the GPU runs the default rows' chunks in test_gpu_bf16_matches_reference")
+    q, k, v, qp, kp = _inputs(n, h, hkv, hp, hpk, 16, 16, device, torch.float32)
+    with launch.use_msa_config(launch.MsaConfig(fwd_rows=rows, bwd_rows=rows)):
+        ours, ref = run_both(q, k, v, qp, kp, 128, block=64)
+    errs = {name: rel(a, b) for name, a, b in zip(NAMES, ours, ref)}
+    assert all(e < 1e-4 for e in errs.values()), errs
+    assert ours[1].item() > 0 and ours[5].abs().sum() > 0
+
+
 @pytest.mark.parametrize("n,hp,hpk,dp,block,top_k,docs", [
     pytest.param(1, 1, 1, 16, 64, 192, False, id="n1"),
     pytest.param(300, 2, 1, 16, 64, 192, False, id="n300-hp2/1"),
@@ -112,7 +134,8 @@ def test_select_matches_reference(device, n, hp, hpk, dp, block, top_k, docs):
 def test_tiles_hold_one_kv_heads_share_of_a_proxy_group():
     """A tile's entry holds the heads of its proxy group that read one KV head: a group spanning
     several KV heads is split between programs, not padded to all of its heads (16 / 16 / 1 ran
-    16 products a tile, one of them used, and 32 / 8 / 1 overflowed shared memory)."""
+    16 products a tile, one of them used, and 32 / 8 / 1 overflowed shared memory); a share
+    larger than a tile's rows / 16 heads is split into chunks (16 heads made 256-row tiles)."""
     assert [launch.Heads(*hs).tile_heads for hs in
             [(16, 2, 4, 1), (16, 16, 1, 1), (32, 8, 1, 1), (32, 8, 4, 1), (12, 3, 2, 1), (12, 3, 4, 2), (16, 1, 1, 1)]] \
         == [4, 1, 4, 4, 4, 3, 16]
@@ -122,6 +145,19 @@ def test_tiles_hold_one_kv_heads_share_of_a_proxy_group():
     # the exact KL's pass: a mean over the whole group, so one program walks the group's KV heads
     assert launch.fwd_grid(7, launch.pass2_meta(meta, True, True)) == (7, 1, 1)
     assert launch.fwd_grid(7, launch.pass2_meta(meta, True, False)) == (7, 1, 8)
+    # a share above rows / 16 heads: chunks (forward 128 rows: 8 heads; backward 64 rows: 4)
+    g16 = launch.Heads(32, 2, 2, 1)
+    fwd = launch.fwd_meta(g16, 128, 128, 128, 16, False, False, torch.bfloat16)
+    bwd = launch.bwd_meta(g16, 128, 128, 128, 16, False, False, torch.bfloat16)
+    assert (fwd["GP"], fwd["BLOCK_Q"], fwd["CPS"], launch.fwd_grid(7, fwd), fwd["num_stages"]) == (8, 16, 2, (7, 1, 2), 3)
+    assert (bwd["GP"], bwd["BLOCK_Q"], bwd["CPS"], bwd["num_stages"]) == (4, 16, 4, 3)
+    assert launch.fwd_grid(7, launch.pass2_meta(fwd, False, True)) == (7, 1, 1)
+    assert [launch.head_chunk(g, 64) for g in (1, 3, 4, 6, 16)] == [1, 3, 4, 4, 4]
+    # out + KL: half the entries where a tile has more than 16, else one stage (8 heads an entry)
+    g4 = launch.fwd_meta(launch.Heads(16, 2, 4, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
+    g8 = launch.fwd_meta(launch.Heads(32, 4, 4, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
+    assert [(m["BLOCK_Q"], m["num_stages"]) for m in (launch.pass2_meta(g4, True, True),
+                                                       launch.pass2_meta(g8, True, True))] == [(16, 3), (16, 1)]
 
 
 def test_select_ties_go_to_the_lower_block(device):

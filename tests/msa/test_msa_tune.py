@@ -101,8 +101,9 @@ def test_stage_counts_follow_the_rows_and_can_be_set():
 
     cfg = launch.default_config(128, 16, 128, 128, g=4)          # 32 x 4 forward rows, 16 x 4 backward
     assert (cfg.fwd_stages, cfg.bwd_stages) == (3, 3)
-    cfg = launch.default_config(128, 16, 128, 128, g=16)         # at least 16 entries: 256 rows
-    assert (cfg.fwd_stages, cfg.bwd_stages) == (1, 1)
+    cfg = launch.default_config(128, 16, 128, 128, g=16)         # chunks of 8 / 4 heads: 128 / 64 rows
+    assert (cfg.fwd_stages, cfg.bwd_stages) == (3, 3)
+    assert launch.tile_stages(16, 256, 128, 128) == 1             # 16 entries x 16 heads
     assert launch.default_config(64, 16, 256, 256, g=2).fwd_stages == 1
     assert launch.default_config(128, 16, 128, 128).fwd_stages is None   # without G: the launchers derive it
     heads = launch.Heads(16, 2, 4, 1)
@@ -118,10 +119,8 @@ def test_stage_counts_follow_the_rows_and_can_be_set():
 
     fwd = dict(select_block_m=128, select_warps=8, select_stages=2, fwd_rows=128, fwd_warps=8)
     assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 4, 128)) is None
-    # one KV head under the proxy's 16 heads: 16 entries x 16 heads = 256 rows
-    assert "shared memory" in why_excluded("fwd", dict(fwd, fwd_stages=2), problem(16, 1, 128, kv_heads=1))
-    # two KV heads: each program takes one KV head's 8 heads, 16 x 8 = 128 rows
-    assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 1, 128)) is None
+    # 16 heads on one KV head: chunks of 8 heads, 16 x 8 = 128 rows
+    assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 1, 128, kv_heads=1)) is None
     assert "shared memory" in why_excluded("bwd", dict(bwd_rows=64, bwd_block_n=32, bwd_warps=8, bwd_stages=3),
                                            problem(16, 4, 256))
     assert why_excluded("fwd", dict(fwd, fwd_stages=3), problem(16, 1, 128, interpreter=True)) is None
