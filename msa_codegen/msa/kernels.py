@@ -209,6 +209,8 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     group) instead walks the chunks in one program, and the grid's third axis is 1. qk_scale /
     pk_scale are the main / proxy softmax scales times log2(e): scores in log2 units.
     """
+    # the KL needs every head of the group in one program
+    tl.static_assert(not WITH_KL or WHOLE_GROUP or SPAN * CPS == 1)
     SUB: tl.constexpr = BLOCK // BLOCK_N
     i_t = tl.program_id(0)
     i_sub = tl.program_id(1)
