@@ -125,6 +125,19 @@ def _chunk_heads(h0, c, G: tl.constexpr, G_KV: tl.constexpr, CH: tl.constexpr, C
 
 
 @triton.jit
+def _program_heads(h0, i_c, length, G: tl.constexpr, G_KV: tl.constexpr, CH: tl.constexpr, CPS: tl.constexpr,
+                   ONE: tl.constexpr):
+    """The program's chunk (``_chunk_heads`` of program axis 2, i_c): KV head, first head, number
+    of heads, and how many of the work item's entries to walk (none for an empty chunk). ONE: the
+    group is a single chunk (constants but for the KV head)."""
+    if ONE:
+        return h0 // G_KV, h0, G, length
+    else:
+        kv, hs, n_h = _chunk_heads(h0, i_c, G, G_KV, CH, CPS)
+        return kv, hs, n_h, tl.where(n_h > 0, length, 0)
+
+
+@triton.jit
 def _fwd_heads(Q, LSE, LSE_PART, O32, b_k, b_v, s_qb, s_qh, s_qn, i_b, i_sub, h0, hs, n_h, e_pos, r_i, r_e, m_rk_e,
                N, qk_scale, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_Q: tl.constexpr, SUB: tl.constexpr,
@@ -223,7 +236,6 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     i_p = i_bp % HP
     i_pk = i_p // HP_PER_K
     h0 = i_p * G
-    kv0 = h0 // G_KV
     o_n = kb * BLOCK + i_sub * BLOCK_N + tl.arange(0, BLOCK_N)
     # (a scalar in a vector mask trips the interpreter: fold it into the bound)
     m_n = o_n < tl.where(length > 0, N, 0)
@@ -231,18 +243,9 @@ def msa_fwd_kernel(Q, K, V, QP, KP, DSTART, ITEMS, REV, LSE, LSEP, LSE_PART, LSE
     m_d = o_d < D
     o_dp = tl.arange(0, BLOCK_DP)
     m_dp = o_dp < DP
-    if SPAN * CPS == 1:
-        # one chunk: the whole group, which reads one KV head
-        kv = kv0
-        hs = h0
-        n_h = G
-        n_end = length
-        m_kv = m_n
-    else:
-        kv, hs, n_h = _chunk_heads(h0, i_c, G, G_KV, CH, CPS)
-        # no entry to walk for an empty chunk
-        n_end = tl.where(n_h > 0, length, 0)
-        m_kv = o_n < tl.where(n_h > 0, tl.where(length > 0, N, 0), 0)
+    kv, hs, n_h, n_end = _program_heads(h0, i_c, length, G, G_KV, CH, CPS, SPAN * CPS == 1)
+    # an empty chunk reads no key
+    m_kv = o_n < tl.where(n_end > 0, N, 0)
     if not WHOLE_GROUP:
         # [BLOCK_N, BLOCK_D] the sub-block's keys and values, read once for every gathered query
         b_k = tl.load(K + i_b * s_kb + kv * s_kh + o_n[:, None] * s_kn + o_d[None, :],
@@ -336,15 +339,7 @@ def msa_bwd_kernel(Q, K, V, QP, KP, DO, DSTART, ITEMS, REV, LSE, DELTA, LSEP, KL
     i_p = i_bp % HP
     i_pk = i_p // HP_PER_K
     h0 = i_p * G
-    if SPAN * CPS == 1:
-        i_kv = h0 // G_KV
-        hs = h0
-        n_h = G
-        n_end = length
-    else:
-        i_kv, hs, n_h = _chunk_heads(h0, i_c, G, G_KV, CH, CPS)
-        # no entry to walk for an empty chunk
-        n_end = tl.where(n_h > 0, length, 0)
+    i_kv, hs, n_h, n_end = _program_heads(h0, i_c, length, G, G_KV, CH, CPS, SPAN * CPS == 1)
     o_n = kb * BLOCK + i_sub * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < tl.where(length > 0, tl.where(i_kv < HKV, N, 0), 0)
     o_d = tl.arange(0, BLOCK_D)
