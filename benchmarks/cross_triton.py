@@ -1,6 +1,6 @@
 """The Triton family's kernels as another Triton compiles them, timed on this GPU beside this Triton's.
 
-    python benchmarks/cross_triton.py emit --out DIR [--cases w4096,bidir-w512,dense-causal]
+    python benchmarks/cross_triton.py emit --out DIR [--cases w4096,bidir-w512,dense-causal] [--family gluon]
     python benchmarks/cross_triton.py run --from DIR [--rounds 5] [--rep-ms 100]
 
 The GPU image runs one Triton (3.6) while a fresh install resolves another (3.8 with torch 2.14.1,
@@ -23,6 +23,15 @@ Tritons a fresh install resolves"). This compares the compilers on the same GPU:
   memory and scratch match). Each form's outputs must equal the ``jit`` form's to the bit or
   within 1e-3 relative; then the forms are timed in interleaved rounds (``do_bench``'s median a
   round, the median of the rounds). Last, a table: ms per kernel and other / aot.
+
+``--family gluon`` (emit): the cases' Gluon forward instead (``kernels/gluon.py``, the heuristic's
+knobs: ``use_gluon_config(fwd={})``), its launch built as ``gluon.forward`` builds it for a GPU of
+132 SMs (meta tensors, no GPU) and specialised as Triton's JIT specialises that launch (its own
+binder, for sm_90). ``run`` reads the family from DIR: it records the case's real Gluon forward
+launch, and compares the kernel this Triton's JIT compiled (``jit``), this Triton's compile of
+the same emulated specialisation (``aot``; its cubin equal to the jit's shows the emulation
+right) and DIR's (``other``). The Gluon source each Triton renders differs only in the API names
+it has (``gluon.api``); a row is matched by ``gluon.kernel_hash``, which renders them alike.
 
 Kernel time only: the host path is each Triton's own and is not compared here.
 """
@@ -134,6 +143,142 @@ def emit(out: Path, names: str) -> int:
                       f"shared {k.metadata.shared} B", flush=True)
     print(f"wrote {len(seen)} kernels (Triton {triton.__version__}) to {out}")
     return 0
+
+
+# ---- the Gluon family ----------------------------------------------------------------------
+
+#: the SMs of the GPUs the Gluon forward's launch is built for (H100 SXM and H200 both have 132)
+GLUON_SMS = 132
+
+
+def _gluon_launch(case, device: str = "meta"):
+    """(kernel plan, (kern, grid, args, kw)) of the case's Gluon forward launch as
+    ``gluon.forward`` makes it at the heuristic's knobs: on ``device`` "meta" without a GPU (the
+    SM count ``GLUON_SMS``), on "cuda" with the GPU's, the launch then also run."""
+    from msa_codegen.kernels import direct, gluon
+    from msa_codegen.plan import plan_for
+
+    dev = torch.device(device)
+    plan = plan_for(case.pattern, dev, torch.bfloat16, case.d, case.hq, case.hkv, case.n)
+    if len(plan.groups) != 1:
+        raise SystemExit(f"{case.name}: {len(plan.groups)} head groups (one Gluon launch each); one is compared")
+    why = gluon.pattern_reason(plan.groups[0].kernel_plan)
+    if why:
+        raise SystemExit(f"{case.name}: not a Gluon plan ({why})")
+    g = torch.Generator(device=dev).manual_seed(0) if device == "cuda" else None
+    q = torch.randn(case.b, case.hq, case.n, case.d, device=dev, dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(case.b, case.hkv, case.n, case.d, device=dev, dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    seen = []
+    real_launch, real_sms, real_current = direct.launch, gluon._sm_count, torch.cuda.current_device
+
+    def spy(kern, grid, *args, **kw):
+        seen.append((kern, tuple(grid), args, dict(kw)))
+        if device != "meta":
+            real_launch(kern, grid, *args, **kw)
+
+    direct.launch = spy
+    if device == "meta":
+        gluon._sm_count = lambda index: GLUON_SMS
+        torch.cuda.current_device = lambda: 0
+    try:
+        with gluon.use_gluon_config(fwd={}):
+            gluon.forward(q, k, v, plan, case.d ** -0.5)
+    finally:
+        direct.launch, gluon._sm_count, torch.cuda.current_device = real_launch, real_sms, real_current
+    (launch,) = seen
+    return plan.groups[0].kernel_plan, launch
+
+
+def _gluon_compile(kern, args, kw, arch: int = 90):
+    """``kern[grid](*args, **kw)``'s kernel compiled for sm_{arch} without launching it: the
+    signature, constexprs and attributes from this Triton's own binder, as its JIT makes them."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    kw = dict(kw)
+    kw["debug"] = kw.get("debug", kern.debug) or knobs.runtime.debug
+    kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+        kw["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kern.signature, kern.params, backend)
+    bound, specialization, options = binder(*args, **kw)
+    options, signature, constexprs, attrs = kern._pack_args(backend, kw, bound, specialization, options)
+    return triton.compile(GluonASTSource(kern, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def emit_gluon(out: Path, names: str) -> int:
+    import triton
+
+    from msa_codegen.kernels import gluon
+
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "kernels.jsonl").open("w") as f:
+        for case in _cases(names):
+            kplan, (kern, grid, args, kw) = _gluon_launch(case)
+            key = gluon.kernel_hash((kplan,), "fwd") + "-" + case.name
+            k = _gluon_compile(kern, args, kw)
+            (out / f"{key}.cubin").write_bytes(k.asm["cubin"])
+            consts = {n: kw[n] for n in ("STAGES", "FOLD", "ORDER") if n in kw}
+            row = dict(family="gluon", key=key, case=case.name, direction="fwd", label="gluon fwd", name=k.name,
+                       consts=consts, grid=list(grid), shared=k.metadata.shared, num_warps=k.metadata.num_warps,
+                       global_scratch_size=k.metadata.global_scratch_size,
+                       profile_scratch_size=getattr(k.metadata, "profile_scratch_size", 0),
+                       params=_params(k), triton=triton.__version__)
+            f.write(json.dumps(row) + "\n")
+            print(f"[emit] {case.name}: {k.name} {consts} grid {grid}, shared {k.metadata.shared} B", flush=True)
+    return 0
+
+
+def run_gluon(src: Path, rows: list[dict], names: str | None, rounds: int, rep_ms: int) -> list[tuple]:
+    """``run`` for DIR's Gluon forwards: the table's rows."""
+    from msa_codegen.kernels import gluon
+
+    by_case = {r["case"]: r for r in rows}
+    table = []
+    for case in _cases(names or ",".join(by_case)):
+        row = by_case.get(case.name)
+        kplan, (kern, grid, args, kw) = _gluon_launch(case, "cuda")
+        key = gluon.kernel_hash((kplan,), "fwd") + "-" + case.name
+        if row is None or row["key"] != key:
+            print(f"[{case.name}] gluon fwd: not in {src} for this tree's kernel ({key}); emit it again", flush=True)
+            continue
+        if list(grid) != row["grid"] or {n: kw.get(n) for n in row["consts"]} != row["consts"]:
+            print(f"[{case.name}] gluon fwd: launched as grid {grid} {kw}, emitted for {row['grid']} "
+                  f"{row['consts']}; not compared", flush=True)
+            continue
+        jit = kern[grid](*args, **kw)   # this Triton's JIT: the kept kernel of the launch above
+        aot = _gluon_compile(kern, args, kw)
+        if row["num_warps"] != aot.metadata.num_warps:
+            print(f"[{case.name}] gluon fwd: {row['num_warps']} warps in all against {aot.metadata.num_warps}; "
+                  f"not compared", flush=True)
+            continue
+        same = aot.asm["cubin"] == jit.asm["cubin"]
+        other, why = _other(aot, (src / f"{row['key']}.cubin").read_bytes(), row)
+        if other is None:
+            print(f"[{case.name}] gluon fwd: the other binary cannot run in this launcher: {why}", flush=True)
+            continue
+        forms = dict(jit=_runner(jit, kern, grid, args, kw), aot=_runner(aot, kern, grid, args, kw),
+                     other=_runner(other, kern, grid, args, kw))
+        diff = _same_outputs(forms, args)
+        bad = {n: d for n, d in diff.items() if d > 1e-3}
+        if bad:
+            print(f"[{case.name}] gluon fwd: outputs differ from the call's kernel: {bad}; not timed", flush=True)
+            continue
+        t = _time(forms, rounds, rep_ms)
+        print(f"[{case.name}] gluon fwd: " + ", ".join(f"{n} {ms:.4f} ms" for n, ms in t.items())
+              + f"; other / aot {t['other'] / t['aot']:.3f}; aot cubin {'==' if same else '!='} jit's; "
+              f"differences {diff}; registers jit {jit.n_regs} other {other.n_regs}, spills jit "
+              f"{jit.n_spills} other {other.n_spills}", flush=True)
+        table.append((case.name, "gluon fwd", t["jit"], t["aot"], t["other"], t["other"] / t["aot"]))
+    return table
 
 
 # ---- the GPU side --------------------------------------------------------------------------
@@ -277,11 +422,12 @@ def run(src: Path, names: str | None, rounds: int, rep_ms: int) -> int:
     rows = [json.loads(line) for line in (src / "kernels.jsonl").read_text().splitlines() if line.strip()]
     by_key = {r["key"]: r for r in rows}
     other_version = rows[0]["triton"] if rows else "?"
-    names = names or ",".join(dict.fromkeys(r["case"] for r in rows))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__} against "
           f"{other_version} (from {src})", flush=True)
-    table = []
-    for case in _cases(names):
+    gluon_rows = [r for r in rows if r.get("family") == "gluon"]
+    table = run_gluon(src, gluon_rows, names, rounds, rep_ms) if gluon_rows else []
+    names = names or ",".join(dict.fromkeys(r["case"] for r in rows))
+    for case in ([] if gluon_rows else _cases(names)):
         group = case.hq // case.hkv
         launches, keep = _record(case)
         wanted = _wanted(case)
@@ -334,15 +480,18 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("emit", help="compile the cases' kernels with this Triton for sm_90 (no GPU)")
     e.add_argument("--out", type=Path, required=True)
-    e.add_argument("--cases", default=DEFAULT_CASES)
+    e.add_argument("--cases", default=None, help=f"default: {DEFAULT_CASES}; with --family gluon: w4096,dense-causal")
+    e.add_argument("--family", choices=("triton", "gluon"), default="triton")
     r = sub.add_parser("run", help="time DIR's kernels against this Triton's on this GPU")
     r.add_argument("--from", dest="src", type=Path, required=True)
     r.add_argument("--cases", default=None, help="default: every case DIR holds")
     r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--rep-ms", type=int, default=100, help="timing budget of one form in one round")
     args = ap.parse_args(argv)
+    if args.cmd == "emit" and args.family == "gluon":
+        return emit_gluon(args.out, args.cases or "w4096,dense-causal")
     if args.cmd == "emit":
-        return emit(args.out, args.cases)
+        return emit(args.out, args.cases or DEFAULT_CASES)
     if not torch.cuda.is_available():
         raise SystemExit("run needs a CUDA GPU")
     return run(args.src, args.cases, args.rounds, args.rep_ms)

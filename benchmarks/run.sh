@@ -59,7 +59,8 @@
 #   cross-triton  benchmarks/cross_triton.py run: the Triton family's kernels as another Triton
 #              compiled them (``python benchmarks/cross_triton.py emit --out DIR`` in that Triton's
 #              virtual environment, no GPU; DIR carried here) against this Triton's, kernel time on
-#              the launches of one call per msa-bench case; ARGS e.g. --from .xt38
+#              the launches of one call per msa-bench case; ARGS e.g. --from .xt38. A DIR emitted
+#              with --family gluon holds the Gluon forward of w4096 and dense-causal instead
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs, listed) against the Triton forward, dense patterns and windows, one
 #              process; ARGS e.g. --cases 0,7

@@ -108,6 +108,37 @@ def test_cross_triton_emit_writes_each_kernel_once(tmp_path):
     assert p.returncode != 0 and "needs a CUDA GPU" in p.stderr
 
 
+def test_cross_triton_emits_the_gluon_forward_as_its_launch_specialises_it(tmp_path):
+    """benchmarks/cross_triton.py emit --family gluon (no GPU): the case's Gluon forward launch as
+    gluon.forward builds it for 132 SMs (the causal window's listed order, one program an SM),
+    compiled for sm_90 through Triton's own binder: the GPU side finds it by the kernel hash,
+    and its parameters are the launch's less the constexprs and the ints Triton specialises to 1
+    (GROUP, 16 query heads on 16 KV heads)."""
+    import json
+
+    from helpers import run_sm90_script
+
+    from msa_codegen.kernels import gluon
+    from msa_codegen.pattern.lowering import lower
+    from msa_codegen.pattern.spec import parse
+
+    p = run_sm90_script("../benchmarks/cross_triton.py", "emit", "--family", "gluon", "--out", str(tmp_path),
+                        "--cases", "w4096")
+    assert p.returncode == 0, p.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (tmp_path / "kernels.jsonl").read_text().splitlines()]
+    kplan = lower(parse("window=4096").groups[0].spec)
+    assert row["key"] == gluon.kernel_hash((kplan,), "fwd") + "-w4096"
+    assert row["family"] == "gluon" and row["name"] == "msa_gluon_fwd" and row["grid"] == [132]
+    assert row["consts"] == {"STAGES": gluon.RING[128], "FOLD": True, "ORDER": gluon.LISTED}
+    assert row["num_warps"] == 12 and 0 < row["shared"] <= 232448
+    assert (tmp_path / f"{row['key']}.cubin").stat().st_size > 0
+    # four TMA descriptors (a 128-byte aligned map and its shape / strides each) lead the parameters
+    assert row["params"][:20] == [".align", ".u32", ".u32", ".u64", ".u64"] * 4, row["params"]
+    # then O and LSE, 13 row / head strides, the tile list, H0, HS, HQ, N and the tile count (GROUP
+    # = 1 is a constexpr), qk_scale, and the two scratch pointers Triton appends
+    assert row["params"][20:] == [".u64"] * 2 + [".u32"] * 13 + [".u64"] + [".u32"] * 5 + [".f32", ".u64", ".u64"]
+
+
 def test_cross_triton_matches_a_recorded_launch_to_its_kernel():
     """The GPU side's pairing of a recorded launch with an emitted kernel: by name, warps, stages
     and the kernel's own constexprs (``resources.launches`` names some that only other kernels
