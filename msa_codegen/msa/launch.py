@@ -27,6 +27,12 @@ ITEM_ENTRIES = 256
 #: 64-key programs 71.3 ms, with 32-key programs 107.3 ms, 128 rows 90.1 ms (8 warps each)
 FWD_ROWS = 128
 BWD_ROWS = 64
+#: rows of a teaching-backward tile that runs alone (the KL's gradient without the main ones:
+#: warm-up, or a call whose ``out`` has no gradient): up to a KV head's whole share of a proxy
+#: group, where ``bwd_rows`` would cut it into chunks that each repeat the proxy's products and
+#: its dQ atomics (H=32, Hkv=2, Hp=2 at N=32768, H100, 2026-12-06: 15.59 ms in four 64-row chunks
+#: against 8.52 in one 256-row tile)
+TEACH_ROWS = 256
 
 
 
@@ -406,16 +412,23 @@ def fwd_grid(n_items: int, meta: dict) -> tuple[int, int, int]:
     return n_items, meta["BLOCK"] // meta["BLOCK_N"], 1 if meta["WHOLE_GROUP"] else meta["SPAN"] * meta["CPS"]
 
 
-def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype) -> dict:
-    """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options."""
+def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype,
+             main: bool = True) -> dict:
+    """The backward kernel's constexprs (but MAIN / WITH_KL) and launch options; ``main`` False:
+    the teaching gradient alone, whose tiles hold up to ``TEACH_ROWS`` rows (a KV head's share of
+    the proxy group in one chunk) at no more stages than ``stages`` allows them."""
     default = default_config(block, n_sel, d, dp)
     rows = _pick("bwd_rows", default.bwd_rows)
+    if not main:
+        rows = max(rows, min(TEACH_ROWS, 16 * heads.tile_heads))
     bq, gp = tile_entries(heads.tile_heads, rows)
+    most = stages(d, dp, bq * gp)
     block_n = min(block, _pick("bwd_block_n", default.bwd_block_n))
     return dict(H=heads.h, HP=heads.hp, HP_PER_K=heads.hp // heads.hpk, G=heads.g, GP=gp, G_KV=heads.g_kv,
                 **_chunks(heads, rows), KSEL=n_sel, D=d, BLOCK_D=block_d(d), DP=dp, BLOCK_DP=block_d(dp), BLOCK=block,
                 BLOCK_N=block_n, BLOCK_Q=bq, HAS_DOCS=has_docs, DENSE=dense, DOT_PREC=dot_precision(dtype),
-                num_warps=_pick("bwd_warps", default.bwd_warps), num_stages=_pick("bwd_stages", stages(d, dp, bq * gp)))
+                num_warps=_pick("bwd_warps", default.bwd_warps),
+                num_stages=_pick("bwd_stages", most) if main else min(_pick("bwd_stages", most), most))
 
 
 def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items, rev, n_sel: int, heads: Heads,
@@ -439,7 +452,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     else:
         do, delta = q, lse
     c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
-    meta = bwd_meta(heads, d, dp, block, n_sel, dstart is not None, dense, q.dtype)
+    meta = bwd_meta(heads, d, dp, block, n_sel, dstart is not None, dense, q.dtype, main)
     log2e = 1.4426950408889634
     grid = (n_items, block // meta["BLOCK_N"], meta["SPAN"] * meta["CPS"])
     kernels().msa_bwd_kernel[grid](

@@ -60,9 +60,11 @@ def main():
     # the shape; 16 heads per proxy over 16 KV heads (a span of 16); 32 / 8 / 1 (a span of 8
     # groups of 4: padded to the whole group, its tiles overflowed shared memory); 32 / 4 / 4 (8 heads
     # on a KV head: the backward's 128-row tiles overflowed it before they were cut into chunks, and
-    # the out + KL pass's 16 entries x 8 heads at three stages on Triton 3.6); D = Dp = 256 (sub-blocks)
+    # the out + KL pass's 16 entries x 8 heads at three stages on Triton 3.6); 32 / 2 / 2 (16 heads on
+    # a KV head: four backward chunks, the teaching gradient alone in one 256-row tile); D = Dp = 256
+    # (sub-blocks)
     layouts = [(16, 2, 4, 1, 128, 128, 128, 16), (16, 16, 1, 1, 128, 64, 128, 16), (32, 8, 1, 1, 128, 128, 128, 16),
-               (32, 4, 4, 1, 128, 128, 128, 16), (4, 4, 2, 1, 256, 256, 64, 64)]
+               (32, 4, 4, 1, 128, 128, 128, 16), (32, 2, 2, 1, 128, 128, 128, 16), (4, 4, 2, 1, 256, 256, 64, 64)]
     for h, hkv, hp, hpk, d, dp, block, n_sel in layouts:
         heads = launch.Heads(h, hkv, hp, hpk)
         jobs = [(k.msa_select_kernel, launch.select_meta(hp, hpk, dp, block, n_sel, True, torch.bfloat16))]
@@ -72,6 +74,8 @@ def main():
                  for with_out, with_kl in ((True, False), (True, True), (False, True))]
         bwd = launch.bwd_meta(heads, d, dp, block, n_sel, True, False, torch.bfloat16)
         jobs += [(k.msa_bwd_kernel, dict(bwd, MAIN=True, WITH_KL=True))]
+        teach = launch.bwd_meta(heads, d, dp, block, n_sel, True, False, torch.bfloat16, main=False)
+        jobs += [(k.msa_bwd_kernel, dict(teach, MAIN=False, WITH_KL=True))]
         if not within_shared(jobs, f"H={h}/{hkv} Hp={hp}/{hpk} D={d} Dp={dp} block={block}"):
             return 1
     return 0

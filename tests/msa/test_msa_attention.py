@@ -106,13 +106,35 @@ def test_head_chunks_match_reference(device, n, h, hkv, hp, hpk, rows):
     """A KV head's share of a proxy group larger than a tile's rows / 16 is cut into chunks, each
     its own program (``launch.head_chunk``); the exact KL's pass walks them in one."""
     if device.type == "cuda":
-        pytest.skip("the interpreter's check; the GPU runs the default rows' chunks in test_gpu_bf16_matches_reference")
+        pytest.skip("the interpreter's check; the GPU runs the default rows' chunks in test_gpu_bf16_matches_reference "
+                    "(n1100-g16-chunks)")
     q, k, v, qp, kp = _inputs(n, h, hkv, hp, hpk, 16, 16, device, torch.float32)
     with launch.use_msa_config(launch.MsaConfig(fwd_rows=rows, bwd_rows=rows)):
         ours, ref = run_both(q, k, v, qp, kp, 128, block=64)
     errs = {name: rel(a, b) for name, a, b in zip(NAMES, ours, ref)}
     assert all(e < 1e-4 for e in errs.values()), errs
     assert ours[1].item() > 0 and ours[5].abs().sum() > 0
+
+
+@pytest.mark.parametrize("h", [pytest.param(16, id="g16-one-tile"), pytest.param(32, id="g32-two-chunks")])
+def test_teaching_gradient_alone_matches_reference(device, h):
+    """The KL's gradient without the main ones (a loss of kl alone: ``launch.backward`` without
+    do) runs the teaching kernel on a KV head's whole share up to ``launch.TEACH_ROWS`` rows,
+    where the main backward's 64 rows cut it into chunks of 4 heads: 16 heads on one KV head in
+    one 256-row tile, 32 in two."""
+    q, k, v, qp, kp = _inputs(140, h, 1, 1, 1, 16, 16, device, torch.float32)
+    heads = launch.Heads(h, 1, 1, 1)
+    assert launch.bwd_meta(heads, 16, 16, 64, 2, False, False, torch.float32, main=False)["CPS"] == h // 16
+    _, kl = msa.msa_attention(q, k, v, qp, kp, 128, block=64, return_kl=True)
+    (2.5 * kl).backward()
+    ours = [qp.grad.clone(), kp.grad.clone()]
+    assert q.grad is None and k.grad is None and v.grad is None
+    qp.grad = kp.grad = None
+    _, rkl = msa.reference_msa(q, k, v, qp, kp, 128, block=64)
+    (2.5 * rkl).backward()
+    errs = {name: rel(a, b) for name, a, b in zip(NAMES[5:], ours, [qp.grad, kp.grad])}
+    assert all(e < 1e-4 for e in errs.values()), errs
+    assert ours[0].abs().sum() > 0
 
 
 @pytest.mark.parametrize("n,hp,hpk,dp,block,top_k,docs", [
@@ -153,6 +175,18 @@ def test_tiles_hold_one_kv_heads_share_of_a_proxy_group():
     assert (bwd["GP"], bwd["BLOCK_Q"], bwd["CPS"], bwd["num_stages"]) == (4, 16, 4, 3)
     assert launch.fwd_grid(7, launch.pass2_meta(fwd, False, True)) == (7, 1, 1)
     assert [launch.head_chunk(g, 64) for g in (1, 3, 4, 6, 16)] == [1, 3, 4, 4, 4]
+    # the teaching gradient alone: the whole share in one tile up to TEACH_ROWS rows (chunks would
+    # repeat the proxy's products), at the stages 256 rows allow even where a config asks for more
+    teach = launch.bwd_meta(g16, 128, 128, 128, 16, False, False, torch.bfloat16, main=False)
+    assert (teach["GP"], teach["BLOCK_Q"], teach["CPS"], teach["num_stages"]) == (16, 16, 1, 1)
+    with launch.use_msa_config(launch.MsaConfig(bwd_stages=3)):
+        assert launch.bwd_meta(g16, 128, 128, 128, 16, False, False, torch.bfloat16, main=False)["num_stages"] == 1
+    g32 = launch.bwd_meta(launch.Heads(32, 1, 1, 1), 128, 128, 128, 16, False, False, torch.bfloat16, main=False)
+    assert (g32["GP"], g32["CPS"]) == (16, 2)
+    # a share that fits the main backward's rows keeps its tiles
+    bench = launch.Heads(16, 2, 4, 1)
+    assert launch.bwd_meta(bench, 128, 128, 128, 16, False, False, torch.bfloat16, main=False) == \
+        launch.bwd_meta(bench, 128, 128, 128, 16, False, False, torch.bfloat16)
     # out + KL: half the entries where a tile has more than 16, else one stage (8 heads an entry)
     g4 = launch.fwd_meta(launch.Heads(16, 2, 4, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
     g8 = launch.fwd_meta(launch.Heads(32, 4, 4, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
@@ -238,6 +272,9 @@ def test_kernels_compile_for_sm90(tmp_path):
     pytest.param(3001, 8, 8, 2, 1, 64, 32, 64, 512, True, id="n3001-docs-d64-dp32"),
     pytest.param(2049, 4, 2, 1, 1, 256, 64, 128, 2048, False, id="n2049-d256-proxy-spans-kv"),
     pytest.param(1500, 12, 3, 4, 2, 64, 64, 128, 512, False, id="n1500-h12-kv3-hp4-last-group-in-the-last-kv-head"),
+    # 16 heads on one KV head: the forward in two chunks of 8, the backward in four of 4, the exact
+    # KL's pass walking them, warm-up's teaching gradient alone in one 256-row tile
+    pytest.param(1100, 16, 1, 1, 1, 128, 64, 128, 512, False, id="n1100-g16-chunks"),
 ])
 @pytest.mark.parametrize("warmup", [False, True], ids=["selected", "warmup"])
 def test_gpu_bf16_matches_reference(n, h, hkv, hp, hpk, d, dp, block, top_k, docs, warmup):
