@@ -50,7 +50,7 @@
 #              (--direction bwd: the backward's template, fused forms beside the two kernels)
 #   msa-ab     benchmarks/msa_ab.py: MsaConfig variants of the MSA kernels' launches against the
 #              default and a copy of it, phase by phase (main forward, main backward, teaching
-#              backward), one process; ARGS e.g. --variant two=fwd_rows=64,fwd_warps=4,fwd_stages=1;
+#              backward, both backwards in one launch), one process; ARGS e.g. --variant two=fwd_rows=64,fwd_warps=4,fwd_stages=1;
 #              --reverse-index: the reverse index's sort keys at 64 against 32 bits instead
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
 #              backward through attention(deterministic=False / True), one process, and for
