@@ -267,12 +267,10 @@ def run_gluon(src: Path, rows: list[dict], names: str | None, rounds: int, rep_m
             continue
         forms = dict(jit=_runner(jit, kern, grid, args, kw), aot=_runner(aot, kern, grid, args, kw),
                      other=_runner(other, kern, grid, args, kw))
-        diff = _same_outputs(forms, args)
-        bad = {n: d for n, d in diff.items() if d > 1e-3}
-        if bad:
-            print(f"[{case.name}] gluon fwd: outputs differ from the call's kernel: {bad}; not timed", flush=True)
+        checked = _checked_times(f"[{case.name}] gluon fwd", forms, args, rounds, rep_ms)
+        if checked is None:
             continue
-        t = _time(forms, rounds, rep_ms)
+        diff, t = checked
         print(f"[{case.name}] gluon fwd: " + ", ".join(f"{n} {ms:.4f} ms" for n, ms in t.items())
               + f"; other / aot {t['other'] / t['aot']:.3f}; aot cubin {'==' if same else '!='} jit's; "
               f"differences {diff}; registers jit {jit.n_regs} other {other.n_regs}, spills jit "
@@ -414,6 +412,17 @@ def _time(forms: dict, rounds: int, rep_ms: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _checked_times(tag: str, forms: dict, args, rounds: int, rep_ms: int):
+    """(differences from the ``jit`` form's outputs, times) of the forms, or None, said under
+    ``tag``, where a form's outputs differ by more than 1e-3 relative (then nothing is timed)."""
+    diff = _same_outputs(forms, args)
+    bad = {n: d for n, d in diff.items() if d > 1e-3}
+    if bad:
+        print(f"{tag}: outputs differ from the call's kernel: {bad}; not timed", flush=True)
+        return None
+    return diff, _time(forms, rounds, rep_ms)
+
+
 def run(src: Path, names: str | None, rounds: int, rep_ms: int) -> int:
     import triton
 
@@ -454,12 +463,10 @@ def run(src: Path, names: str | None, rounds: int, rep_ms: int) -> int:
             forms.update(aot=_runner(aot, kern, grid, args, kw), other=_runner(other, kern, grid, args, kw))
             if "jit" not in forms:
                 forms = {"jit": forms.pop("aot"), "other": forms["other"]}
-            diff = _same_outputs(forms, args)
-            bad = {n: d for n, d in diff.items() if d > 1e-3}
-            if bad:
-                print(f"[{case.name}] {label}: outputs differ from the call's kernel: {bad}; not timed", flush=True)
+            checked = _checked_times(f"[{case.name}] {label}", forms, args, rounds, rep_ms)
+            if checked is None:
                 continue
-            t = _time(forms, rounds, rep_ms)
+            diff, t = checked
             base = t.get("aot", t["jit"])
             print(f"[{case.name}] {label}: " + ", ".join(f"{n} {ms:.4f} ms" for n, ms in t.items())
                   + f"; other / aot {t['other'] / base:.3f}; differences {diff}", flush=True)
