@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -194,12 +195,12 @@ class Heads:
     def g_kv(self) -> int:
         return self.h // self.hkv
 
-    @property
+    @functools.cached_property
     def span(self) -> int:
         """How many KV heads one proxy group's main heads read (1 when proxy groups nest in KV groups)."""
         return max((p * self.g + self.g - 1) // self.g_kv - (p * self.g) // self.g_kv + 1 for p in range(self.hp))
 
-    @property
+    @functools.cached_property
     def tile_heads(self) -> int:
         """The most heads of one proxy group that read one KV head: the heads of a tile's entry
         (G when proxy groups nest in KV groups; fewer when a group spans several KV heads, whose
