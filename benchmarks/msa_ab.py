@@ -1,7 +1,7 @@
 """MSA launch configs side by side in one process: the main attention's phases under ``MsaConfig`` variants.
 
     PYTHONPATH=$PWD python benchmarks/msa_ab.py --variant two=fwd_rows=64,fwd_warps=4,fwd_stages=1 \\
-        [--variant NAME=FIELD=VALUE,...] [--n 131072] [--phases fwd,bwd,teach,both] [--rounds 5] [--rep-ms 300]
+        [--variant NAME=FIELD=VALUE,...] [--n 131072] [--phases fwd,bwd,teach,both,one,two] [--rounds 5] [--rep-ms 300]
     bash benchmarks/run.sh msa-ab ARGS
 
 For experiments on the MSA kernels' launch parameters (benchmarks/NOTES.md, "The MSA main forward's
@@ -14,7 +14,9 @@ variant, so only the main attention's kernels differ:
 - ``fwd``: the main forward, both passes and the LSE merge (``launch.forward``, output, no KL);
 - ``bwd``: the main backward (``launch.backward`` with ``do``, no teaching gradient);
 - ``teach``: the teaching backward alone (the KL's gradient 1), as warm-up runs it;
-- ``both``: the main and teaching gradients in one launch, as a training step's backward runs them.
+- ``both``: the main and teaching gradients, as a training step's backward runs them (one launch,
+  or two where ``launch.teach_apart`` says so);
+- ``one`` / ``two``: the same forced into one launch / two (main, then the teaching gradient alone).
 Each variant's output, LSE and gradients are first compared with the default's (relative error; the
 atomics' order differs between configs, so expect float32 rounding, not zero), then each phase is
 timed in interleaved rounds (``triton.testing.do_bench`` medians with the L2 flushed; the median
@@ -42,7 +44,7 @@ from msa_codegen.msa import launch
 from msa_codegen.msa.api import msa_attention
 from msa_codegen.tuning.measure import interleaved
 
-PHASES = ("fwd", "bwd", "teach", "both")
+PHASES = ("fwd", "bwd", "teach", "both", "one", "two")
 
 
 def parse_variant(text: str) -> tuple[str, launch.MsaConfig]:
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
     pairs = _pairs(idx, block)      # msa-bench's count: attended pairs per proxy head, summed
     main_flops = 4 * d * pairs * (h // hp)
     flops = {"fwd": main_flops, "bwd": 2.5 * main_flops, "teach": 6 * d * pairs}
-    flops["both"] = flops["bwd"] + flops["teach"]
+    flops["both"] = flops["one"] = flops["two"] = flops["bwd"] + flops["teach"]
 
     def fwd():
         return launch.forward(q, k, v, qp, kp, items, rev, nsel, heads, block, scale, pscale, None,
@@ -154,10 +156,11 @@ def main(argv=None) -> int:
             "teach": lambda out=out, lse=lse, lsep=lsep: launch.backward(
                 None, q, k, v, qp, kp, out, lse, lsep, one, items, rev, nsel, heads, block, scale, pscale, None,
                 dense=False),
-            "both": lambda out=out, lse=lse, lsep=lsep: launch.backward(
-                do, q, k, v, qp, kp, out, lse, lsep, one, items, rev, nsel, heads, block, scale, pscale, None,
-                dense=False),
         }
+        for phase, apart in (("both", None), ("one", False), ("two", True)):
+            runs[name][phase] = lambda out=out, lse=lse, lsep=lsep, apart=apart: launch.backward(
+                do, q, k, v, qp, kp, out, lse, lsep, one, items, rev, nsel, heads, block, scale, pscale, None,
+                dense=False, apart=apart)
     timer = _timer(dev, args.rep_ms)
     table = []
     for phase in phases:

@@ -168,9 +168,9 @@ def test_msa_ab_runs_each_variants_config(capsys, monkeypatch):
     seen = []
     real_fwd, real_bwd = launch.fwd_meta, launch.bwd_meta
     monkeypatch.setattr(launch, "fwd_meta", lambda *a: seen.append(("fwd", m := real_fwd(*a))) or m)
-    monkeypatch.setattr(launch, "bwd_meta", lambda *a: seen.append(("bwd", m := real_bwd(*a))) or m)
+    monkeypatch.setattr(launch, "bwd_meta", lambda *a, **kw: seen.append(("bwd", m := real_bwd(*a, **kw))) or m)
     rc = ab.main(["--device", "cpu", "--dtype", "float32", "--n", "200", "--heads", "4,2,2,1", "--head-dim", "32",
-                  "--top-k", "128", "--block", "64", "--rounds", "1", "--phases", "fwd,bwd",
+                  "--top-k", "128", "--block", "64", "--rounds", "1", "--phases", "fwd,bwd,two",
                   "--variant", "small=fwd_rows=32,fwd_warps=2,fwd_stages=1,bwd_block_n=16"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -180,8 +180,8 @@ def test_msa_ab_runs_each_variants_config(capsys, monkeypatch):
     assert {16, 64} <= bwd, bwd
     errs = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "max relative error" in line]
     assert len(errs) == 3 and max(errs) < 1e-5, out
-    rows = [line for line in out.splitlines() if line.startswith("| fwd |") or line.startswith("| bwd |")]
-    assert len(rows) == 6 and all(name in out for name in ("| default |", "| small |", "| default-copy |")), out
+    rows = [line for line in out.splitlines() if line.split(" |")[0] in ("| fwd", "| bwd", "| two")]
+    assert len(rows) == 9 and all(name in out for name in ("| default |", "| small |", "| default-copy |")), out
     for bad in ("small", "x=fwd_rows", "x=rows=64", "x=fwd_rows=sixty", "default-copy=fwd_rows=64"):
         with pytest.raises(SystemExit):
             ab.main(["--device", "cpu", "--variant", bad])

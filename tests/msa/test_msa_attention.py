@@ -102,18 +102,26 @@ def test_matches_reference(device, n, h, hkv, hp, hpk, d, dp, block, top_k, docs
     # a share of 6 heads in chunks of 4 and 2
     pytest.param(130, 6, 1, 1, 1, 64, id="share-6-in-chunks-of-4"),
 ])
-def test_head_chunks_match_reference(device, n, h, hkv, hp, hpk, rows):
+@pytest.mark.parametrize("apart", [pytest.param(False, id="one-launch"), pytest.param(True, id="two-launches")])
+def test_head_chunks_match_reference(device, n, h, hkv, hp, hpk, rows, apart, monkeypatch):
     """A KV head's share of a proxy group larger than a tile's rows / 16 is cut into chunks, each
-    its own program (``launch.head_chunk``); the exact KL's pass walks them in one."""
+    its own program (``launch.head_chunk``); the exact KL's pass walks them in one. The backward
+    of both gradients runs in one launch or, the teaching gradient apart, in two
+    (``launch.teach_apart``)."""
     if device.type == "cuda":
         pytest.skip("the interpreter's check; the GPU runs the default rows' chunks in test_gpu_bf16_matches_reference "
                     "(n1100-g16-chunks)")
+    calls = []
+    real = launch.backward
+    monkeypatch.setattr(launch, "teach_apart", lambda *a: apart)
+    monkeypatch.setattr(launch, "backward", lambda do, *a, **kw: calls.append(do is not None) or real(do, *a, **kw))
     q, k, v, qp, kp = _inputs(n, h, hkv, hp, hpk, 16, 16, device, torch.float32)
     with launch.use_msa_config(launch.MsaConfig(fwd_rows=rows, bwd_rows=rows)):
         ours, ref = run_both(q, k, v, qp, kp, 128, block=64)
     errs = {name: rel(a, b) for name, a, b in zip(NAMES, ours, ref)}
     assert all(e < 1e-4 for e in errs.values()), errs
     assert ours[1].item() > 0 and ours[5].abs().sum() > 0
+    assert calls == ([True, True, False] if apart else [True])   # the call, then main and teaching alone
 
 
 @pytest.mark.parametrize("h", [pytest.param(16, id="g16-one-tile"), pytest.param(32, id="g32-two-chunks")])
