@@ -124,6 +124,19 @@ def test_head_chunks_match_reference(device, n, h, hkv, hp, hpk, rows, apart, mo
     assert calls == ([True, True, False] if apart else [True])   # the call, then main and teaching alone
 
 
+def test_teaching_gradient_runs_apart_where_the_main_backward_chunks():
+    """``launch.teach_apart``: the layouts whose main backward cuts a KV head's share into more
+    chunks than the teaching gradient alone takes run it as a second launch (32 / 2 / 2: four
+    chunks against one; 32 / 4 / 4: two against one); the bench's 16 / 2 / 4 (one chunk either
+    way) and a group spanning KV heads (16 / 16 / 1) keep one launch."""
+    def apart(h, hkv, hp):
+        return launch.teach_apart(launch.Heads(h, hkv, hp, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
+    assert [apart(*layout) for layout in ((32, 2, 2), (32, 4, 4), (16, 2, 4), (16, 16, 1), (64, 1, 1))] == \
+        [True, True, False, False, True]
+    with launch.use_msa_config(launch.MsaConfig(bwd_rows=256)):       # 16 heads a chunk: one, as alone
+        assert not apart(32, 2, 2)
+
+
 @pytest.mark.parametrize("h", [pytest.param(16, id="g16-one-tile"), pytest.param(32, id="g32-two-chunks")])
 def test_teaching_gradient_alone_matches_reference(device, h):
     """The KL's gradient without the main ones (a loss of kl alone: ``launch.backward`` without
