@@ -15,7 +15,8 @@ case (bf16), each variant first checked against the pattern contract's float64 r
 D=128) and against the tree's output on the case itself, then timed in interleaved rounds (``triton.testing.do_bench`` medians; the best and the median
 round). Effective TFLOP/s count the visible pairs. Cases 5 and 6 time the top-k and the
 packed-documents forms of the forward (random causal block_indices; documents of 16000 rows), whose
-kernels differ from the plain window's. One table last. How the Q-release change of
+kernels differ from the plain window's; case 7 a short causal window (`window=512`, five key
+tiles a query tile). Each round starts at the next variant. One table last. How the Q-release change of
 2026-12-04 was measured (docs/performance.md, "The Gluon family").
 
 ``--direction bwd``: the same for ``templates/gluon/bwd.py.jinja``. Each variant's fused backward
@@ -46,7 +47,7 @@ from msa_codegen.plan import plan_for
 CASES = [("window=4096", 1, 16, 131072, 128), ("causal", 1, 16, 16384, 128),
          ("causal=false,window=512", 1, 16, 65536, 128), ("window=4096,sink=64", 1, 16, 131072, 128),
          ("window=4096", 1, 32, 131072, 64), ("topk=16", 1, 16, 131072, 128),
-         ("window=4096", 1, 16, 131072, 128, 16000)]
+         ("window=4096", 1, 16, 131072, 128, 16000), ("window=512", 1, 16, 65536, 128)]
 CHECKS = [("window=256", 1000), ("causal", 1000)]
 #: --direction bwd: the checks' patterns (the Gluon backward's: windows without sink)
 BWD_CHECKS = [("window=256", 1000), ("causal=false,window=300", 1000)]
@@ -190,10 +191,11 @@ def _forward_of(pattern: str, q, k, v, doc_len: int | None, g: torch.Generator):
 
 def _interleaved(variants: Variants, runs, call, rounds: int, rep: int) -> dict:
     """{label: the rounds' ms}: each (label, variant) of ``runs`` timed by ``call(label)``'s
-    closure with its variant in use, rounds interleaved (a drift of the clocks hits every run)."""
+    closure with its variant in use, rounds interleaved (a drift of the clocks hits every run),
+    each round starting at the next run (no run always first)."""
     times = {label: [] for label, _ in runs}
-    for _ in range(rounds):
-        for label, name in runs:
+    for r in range(rounds):
+        for label, name in runs[r % len(runs):] + runs[:r % len(runs)]:
             variants.use(name)
             times[label].append(_time(call(label), rep))
     return times

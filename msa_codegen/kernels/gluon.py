@@ -255,7 +255,16 @@ def api() -> tuple[dict | None, str | None]:
     missing += [what for what, n in (("a TMA load", load), ("a TMA store", store)) if n is None]
     if missing:
         return None, f"this Triton's ({triton.__version__}) Gluon lacks {', '.join(missing)}"
-    return {"tma_load": load, "tma_store": store, "tma_add": _tma_add_name()}, None
+    return {"tma_load": load, "tma_store": store, "tma_add": _tma_add_name(), "halves": _halves_compile()}, None
+
+
+def _halves_compile() -> bool:
+    """Whether the forward peels its half key tiles (the template's ``_halves``): Triton before
+    3.9. Triton 3.9 (ptxas 13 for sm_90, run at ``--regAllocOptLevel=2``) compiles the peeled
+    consumers with 12 spill stores / 37 loads, one reload a key tile in each loop, and that
+    cubin ran `window=4096` 1.13x as long as 3.6's (``benchmarks/cross_triton.py``, H100,
+    2026-12-06); 3.6 and 3.8 compile it without a spill."""
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
 
 
 def _tma_add_name() -> str | None:
@@ -883,7 +892,7 @@ def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int,
 
 
 #: the names ``kernel_hash`` renders in place of ``api()``'s
-_HASH_NAMES = {"tma_load": "tma_load", "tma_store": "tma_store", "tma_add": "tma_add"}
+_HASH_NAMES = {"tma_load": "tma_load", "tma_store": "tma_store", "tma_add": "tma_add", "halves": True}
 
 
 @functools.lru_cache(maxsize=256)
