@@ -218,8 +218,7 @@ def select(q_proxy, k_proxy, top_k: int, block: int, proxy_scale: float, dstart)
     qp, kp = _last_stride_one(q_proxy), _last_stride_one(k_proxy)
     idx = torch.empty(b, hp, n, nk, dtype=torch.int32, device=q_proxy.device)
     meta = select_meta(hp, hpk, dp, block, nk, dstart is not None, q_proxy.dtype)
-    grid = (cdiv(n, meta["BLOCK_M"]), b * hp)
-    kernels().msa_select_kernel[grid](
+    kernels().msa_select_kernel[(cdiv(n, meta["BLOCK_M"]), b * hp)](
         qp, kp, dstart if dstart is not None else idx, idx,
         qp.stride(0), qp.stride(1), qp.stride(2), kp.stride(0), kp.stride(1), kp.stride(2),
         n, float(proxy_scale), **meta)
@@ -358,7 +357,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     if lse is None:
         lse_part = torch.full((b, heads.hp, n, n_sel * sub, heads.g), float("-inf"), device=dev)
         lsep_part = torch.full((b, heads.hp, n, n_sel * sub), float("-inf"), device=dev)
-        fwd[fwd_grid(n_items, consts)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
+        fwd[grid(n_items, consts)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
                                        PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
         lse = torch.logsumexp(lse_part, dim=3).permute(0, 1, 3, 2).reshape(b, h, n).contiguous()
         lse_proxy = torch.logsumexp(lsep_part, dim=3).contiguous()
@@ -367,7 +366,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
     kl_rows = torch.zeros(b, heads.hp, n, device=dev, dtype=torch.float32) if with_kl else lse
     if with_out or with_kl:
         meta2 = pass2_meta(consts, with_out, with_kl)
-        fwd[fwd_grid(n_items, meta2)](*args(lse, lse_proxy, lse, lse, o32, kl_rows), **meta2)
+        fwd[grid(n_items, meta2)](*args(lse, lse_proxy, lse, lse, o32, kl_rows), **meta2)
     out = o32.to(q.dtype) if with_out else None
     kl = kl_rows.sum() / (b * heads.hp * n) if with_kl else None
     return out, lse, lse_proxy, kl
@@ -393,7 +392,7 @@ def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
     shared memory (Triton 3.6, sm_90: 238592 B at three stages, 238336 B at two): half the
     entries, or, where a tile has only its 16 (8 heads an entry), one stage (131072 B)."""
     # the KL's teacher is a mean over every head of a proxy group: a group of several chunks
-    # walks them in one program (the grid's third axis 1, ``fwd_grid``); the K / V loads of that
+    # walks them in one program (the grid's third axis 1, ``grid``); the K / V loads of that
     # walk pipelined past shared memory (sm_90, Triton 3.9: 295424 B at three stages, H=16/16,
     # Hp=1), so it runs at one stage
     whole = with_kl and meta["SPAN"] * meta["CPS"] > 1
@@ -408,9 +407,10 @@ def pass2_meta(meta: dict, with_out: bool, with_kl: bool) -> dict:
     return out
 
 
-def fwd_grid(n_items: int, meta: dict) -> tuple[int, int, int]:
-    """The forward's grid for ``meta`` (one of its passes): work items, key sub-blocks, head chunks."""
-    return n_items, meta["BLOCK"] // meta["BLOCK_N"], 1 if meta["WHOLE_GROUP"] else meta["SPAN"] * meta["CPS"]
+def grid(n_items: int, meta: dict) -> tuple[int, int, int]:
+    """The main attention's grid for ``meta`` (a forward pass's or the backward's): work items, key
+    sub-blocks, head chunks (one program walking them all where the forward's ``WHOLE_GROUP``)."""
+    return n_items, meta["BLOCK"] // meta["BLOCK_N"], 1 if meta.get("WHOLE_GROUP") else meta["SPAN"] * meta["CPS"]
 
 
 def bwd_meta(heads: Heads, d: int, dp: int, block: int, n_sel: int, has_docs: bool, dense: bool, dtype,
@@ -475,8 +475,7 @@ def backward(do, q, k, v, q_proxy, k_proxy, out, lse, lse_proxy, kl_grad, items,
     c_kl = (kl_grad.float() / (b * heads.hp * n)).reshape(1) if teach else lse
     meta = bwd_meta(heads, d, dp, block, n_sel, dstart is not None, dense, q.dtype, main)
     log2e = 1.4426950408889634
-    grid = (n_items, block // meta["BLOCK_N"], meta["SPAN"] * meta["CPS"])
-    kernels().msa_bwd_kernel[grid](
+    kernels().msa_bwd_kernel[grid(n_items, meta)](
         q, k, v, q_proxy, k_proxy, do, dstart if dstart is not None else items, items,
         rev if rev is not None else items, lse, delta, lse_proxy, c_kl, dq, dk, dv, dqp, dkp,
         *_strides(q), *_strides(k), *_strides(v), *_strides(q_proxy), *_strides(k_proxy), *_strides(do),

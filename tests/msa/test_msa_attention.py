@@ -184,17 +184,18 @@ def test_tiles_hold_one_kv_heads_share_of_a_proxy_group():
         == [4, 1, 4, 4, 4, 3, 16]
     assert [launch.Heads(*hs).span for hs in [(16, 2, 4, 1), (16, 16, 1, 1), (12, 3, 2, 1), (12, 3, 4, 2)]] == [1, 16, 2, 2]
     meta = launch.fwd_meta(launch.Heads(32, 8, 1, 1), 128, 128, 128, 16, False, False, torch.bfloat16)
-    assert (meta["GP"], meta["BLOCK_Q"] * meta["GP"], launch.fwd_grid(7, meta)) == (4, 128, (7, 1, 8))
+    assert (meta["GP"], meta["BLOCK_Q"] * meta["GP"], launch.grid(7, meta)) == (4, 128, (7, 1, 8))
     # the exact KL's pass: a mean over the whole group, so one program walks the group's KV heads
-    assert launch.fwd_grid(7, launch.pass2_meta(meta, True, True)) == (7, 1, 1)
-    assert launch.fwd_grid(7, launch.pass2_meta(meta, True, False)) == (7, 1, 8)
+    assert launch.grid(7, launch.pass2_meta(meta, True, True)) == (7, 1, 1)
+    assert launch.grid(7, launch.pass2_meta(meta, True, False)) == (7, 1, 8)
     # a share above rows / 16 heads: chunks (forward 128 rows: 8 heads; backward 64 rows: 4)
     g16 = launch.Heads(32, 2, 2, 1)
     fwd = launch.fwd_meta(g16, 128, 128, 128, 16, False, False, torch.bfloat16)
     bwd = launch.bwd_meta(g16, 128, 128, 128, 16, False, False, torch.bfloat16)
-    assert (fwd["GP"], fwd["BLOCK_Q"], fwd["CPS"], launch.fwd_grid(7, fwd), fwd["num_stages"]) == (8, 16, 2, (7, 1, 2), 3)
+    assert (fwd["GP"], fwd["BLOCK_Q"], fwd["CPS"], launch.grid(7, fwd), fwd["num_stages"]) == (8, 16, 2, (7, 1, 2), 3)
     assert (bwd["GP"], bwd["BLOCK_Q"], bwd["CPS"], bwd["num_stages"]) == (4, 16, 4, 3)
-    assert launch.fwd_grid(7, launch.pass2_meta(fwd, False, True)) == (7, 1, 1)
+    assert launch.grid(7, bwd) == (7, 2, 4)                      # 64-key programs of a 128-key block
+    assert launch.grid(7, launch.pass2_meta(fwd, False, True)) == (7, 1, 1)
     assert [launch.head_chunk(g, 64) for g in (1, 3, 4, 6, 16)] == [1, 3, 4, 4, 4]
     # the teaching gradient alone: the whole share in one tile up to TEACH_ROWS rows (chunks would
     # repeat the proxy's products), at the stages 256 rows allow even where a config asks for more
