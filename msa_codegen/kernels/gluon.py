@@ -891,7 +891,9 @@ def order_for(cfg: dict, kplan: KernelPlan, n_qb: int, n_bh: int, programs: int,
     return want, None
 
 
-#: the names ``kernel_hash`` renders in place of ``api()``'s
+#: the names ``kernel_hash`` renders in place of ``api()``'s; the forward's half key tiles on, as
+#: Triton before 3.9 renders them (a row of 3.9, keyed by its Triton version too, runs the kernel
+#: that version renders)
 _HASH_NAMES = {"tma_load": "tma_load", "tma_store": "tma_store", "tma_add": "tma_add", "halves": True}
 
 
