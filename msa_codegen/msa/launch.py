@@ -66,7 +66,8 @@ _resolved: dict = {}
 OVERRIDE = "use_msa_config override"
 DEFAULTS = ("the MsaConfig defaults, swept on the H200: selection 128 query rows (fewer when K > 32), 8 warps, "
             "2 stages; forward tiles of 128 (entry, head) rows, 8 warps; backward tiles of 64 rows with 64-key "
-            "programs (32 above head dim 128), 8 warps, the teaching gradient alone up to 256 rows; main "
+            "programs (32 above head dim 128), 8 warps, the teaching gradient alone up to 256 rows (a launch "
+            "of its own beside the main backward where that one cuts a share into more chunks); main "
             "attention 3 stages (1 above head dim 128 or above 128 rows)")
 
 
