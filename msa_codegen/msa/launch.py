@@ -359,7 +359,7 @@ def forward(q, k, v, q_proxy, k_proxy, items, rev, n_sel: int, heads: Heads, blo
         lse_part = torch.full((b, heads.hp, n, n_sel * sub, heads.g), float("-inf"), device=dev)
         lsep_part = torch.full((b, heads.hp, n, n_sel * sub), float("-inf"), device=dev)
         fwd[grid(n_items, consts)](*args(lse_part, lsep_part, lse_part, lsep_part, lse_part, lse_part),
-                                       PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
+                                   PASS=1, WITH_OUT=False, WITH_KL=False, **consts)
         lse = torch.logsumexp(lse_part, dim=3).permute(0, 1, 3, 2).reshape(b, h, n).contiguous()
         lse_proxy = torch.logsumexp(lsep_part, dim=3).contiguous()
         del lse_part, lsep_part
