@@ -20,7 +20,9 @@ reason) (logger ``msa_codegen.kernels.gluon``: a warning under ``MSA_CODEGEN_GLU
 under the automatic choice). ``describe`` gives
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
-or without ``sink``, the window or dense terms over packed documents (``cu_seqlens``: each
+or without ``sink``, a dilated window without one (a plain window on each residue class of the
+rows: one launch a class on strided views, ``_classes``, N a multiple of the dilation; opt-in,
+not in the automatic choice), the window or dense terms over packed documents (``cu_seqlens``: each
 tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` term alone on
 128-blocks (``pattern_reason``: the producer loads the blocks a tile's row of ``block_indices``
 names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
@@ -36,9 +38,9 @@ inside, no atomics) and a dQ kernel in the forward's layout, after the Triton st
 ``msa_bwd_pre``; for a call that need not be deterministic (``attention(deterministic=...)``),
 one fused kernel instead: the dK/dV kernel computes dQ too and adds it by TMA reduce-adds
 (``fused_reason``). Run by ``launch.backward`` under the same variable when ``why_not_bwd`` finds
-nothing against the call: causal or bidirectional windows without sink (or dense over packed
-documents), top-k, Hopper, bf16 / fp16, head dim 64 or 128, layouts TMA addresses, no KV head
-split between head groups.
+nothing against the call: causal or bidirectional windows without sink, dilated or not (or dense
+over packed documents), top-k, Hopper, bf16 / fp16, head dim 64 or 128, layouts TMA addresses,
+no KV head split between head groups.
 
 Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
 on any Triton and without a GPU. ``api()`` feature-detects the names the template needs (they
@@ -127,9 +129,11 @@ def _plain_dense(kplan: KernelPlan) -> bool:
 
 @functools.lru_cache(maxsize=256)   # asked on every call's route (launch._gluon_route)
 def _plain_window(kplan: KernelPlan) -> bool:
-    """A plain window plan the family runs (``pattern_reason``): dilation 1, with or without a sink,
-    no run-time rows, top-k, global or random blocks."""
-    return kplan.has_window and not (kplan.positional or kplan.segments) and pattern_reason(kplan) is None
+    """A plain window plan the automatic choice takes (``pattern_reason``): dilation 1, with or
+    without a sink, no run-time rows, top-k, global or random blocks. Dilated windows run here
+    under ``MSA_CODEGEN_GLUON=1`` (their residue classes as strided views, ``_classes``)."""
+    return (kplan.has_window and kplan.dilation == 1 and not (kplan.positional or kplan.segments)
+            and pattern_reason(kplan) is None)
 
 
 #: the automatic choice takes plain-window calls of at least this much forward work
@@ -143,12 +147,16 @@ WINDOW_MIN_FLOPS = float(1 << 36)
 
 
 def _band_pairs(kplan: KernelPlan, n: int) -> int:
-    """Visible (query, key) pairs of one head of a plain window plan over N rows (dilation 1;
-    a sink's keys are not counted): W keys a row up to its own, and W - 1 after it when
-    bidirectional, clipped at the ends."""
-    w = min(kplan.window, n)
-    left = w * n - w * (w - 1) // 2
-    return left if kplan.causal else 2 * left - n
+    """Visible (query, key) pairs of one head of a plain window plan over N rows (a sink's keys
+    are not counted): W keys a row up to its own, and W - 1 after it when bidirectional, clipped
+    at the ends; a dilated window's on each residue class of the rows."""
+    def band(rows: int) -> int:
+        w = min(kplan.window, rows)
+        left = w * rows - w * (w - 1) // 2
+        return left if kplan.causal else 2 * left - rows
+
+    dil = kplan.dilation
+    return sum(band(len(range(c, n, dil))) for c in range(dil))
 
 
 def window_flops(groups, batch: int, n: int, head_dim: int) -> float | None:
@@ -298,7 +306,13 @@ def pattern_reason(kplan: KernelPlan) -> str | None:
     if kplan.topk:
         return topk_reason(kplan)
     if kplan.has_window and kplan.dilation != 1:
-        return f"dilation={kplan.dilation}"
+        # a dilated window is a plain window on each residue class of the rows, which the
+        # launchers run as strided views (``_classes``); a sink's keys and a document's rows
+        # span the classes
+        for name, value in (("sink", kplan.sink), ("cu_seqlens", kplan.documents)):
+            if value:
+                return (f"dilation={kplan.dilation} with {name}{'=' + str(value) if name == 'sink' else ''} "
+                        f"(the residue classes run apart here)")
     for name, value in (("global", kplan.global_), ("random", kplan.random), ("topk", kplan.topk)):
         if value:
             return f"{name}={value}"
@@ -376,6 +390,30 @@ def layout_reason(*tensors: torch.Tensor) -> str | None:
     return None
 
 
+def _classes_reason(plan, *tensors: torch.Tensor) -> str | None:
+    """Why a dilated head group's residue classes cannot run as strided views of the rows
+    (``_classes``; None: they can, or no group is dilated): N a multiple of the dilation, and
+    the views addressable by TMA (rows c, c + d, ... of one head at d times the row stride)."""
+    n = tensors[0].shape[2]
+    for dil in sorted({grp.kernel_plan.dilation for grp in plan.groups} - {1}):
+        if n % dil:
+            return (f"dilation={dil} with N={n}, not a multiple of it (each residue class of the rows runs "
+                    f"as a strided view)")
+        why = layout_reason(*(x[:, :, ::dil] for x in tensors))
+        if why:
+            return f"dilation={dil}, a residue class of the rows: {why}"
+    return None
+
+
+def _classes(dil: int, *tensors: torch.Tensor) -> list[tuple]:
+    """Per residue class c of the rows (c = 0 .. dil - 1), the tensors' rows c, c + dil, ... as
+    strided views (B, H, N / dil, D): a dilated window is a plain window on each class. One
+    class, the tensors themselves, when dil is 1."""
+    if dil == 1:
+        return [tensors]
+    return [tuple(x[:, :, c::dil] for x in tensors) for c in range(dil)]
+
+
 def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str | None:
     """Why this call cannot run the Gluon forward (None: it runs it). ``plan``: its AttentionPlan."""
     why = _groups_reason(plan, pattern_reason) or _call_reason(q, k)
@@ -383,7 +421,7 @@ def why_not(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         return why
     if not scale > 0:
         return f"scale {scale} (positive scales only)"
-    return layout_reason(q, k, v) or api()[1]
+    return layout_reason(q, k, v) or _classes_reason(plan, q, k, v) or api()[1]
 
 
 def _groups_reason(plan, reason) -> str | None:
@@ -423,7 +461,8 @@ def slower_reason(kplans, head_dim: int | None = None) -> str | None:
 
 def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     """Why one head group's plan cannot run the Gluon backward (None: it can): a causal or
-    bidirectional window, or the forward's top-k plans (``topk_reason``), nothing else. A sink
+    bidirectional window (dilated too: its residue classes), or the forward's top-k plans
+    (``topk_reason``), nothing else. A sink
     needs the Triton backward's prefix-key tiles (every query contributes to the sink keys'
     dK/dV), dense plans have no band to tile, except over packed documents (each document is
     the band)."""
@@ -448,7 +487,7 @@ def why_not_bwd(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str 
         return why
     if plan.split_kv_heads:
         return "a KV head's query heads fall in two head groups (dK/dV partial sums)"
-    return _call_reason(q, k) or layout_reason(q, k, v) or api()[1]
+    return _call_reason(q, k) or layout_reason(q, k, v) or _classes_reason(plan, q, k, v) or api()[1]
 
 
 #: the fused backward's fp32 copy of dQ (4 bytes an element of q) at most this size: above it
@@ -927,8 +966,9 @@ def _doc_args(plan, q_pos, n) -> tuple:
 
 
 def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = None, q_pos: torch.Tensor | None = None):
-    """(o, lse) of one call by the Gluon kernel, one persistent launch per head group; the caller
-    has checked ``why_not(plan, q, k, v, scale) is None``. o: q's shape, dtype and (dense) layout;
+    """(o, lse) of one call by the Gluon kernel, one persistent launch per head group (a dilated
+    group's: one per residue class of the rows, ``_classes``); the caller has checked
+    ``why_not(plan, q, k, v, scale) is None``. o: q's shape, dtype and (dense) layout;
     lse: (B, Hq, N) fp32, natural log of the sum of exp(scale * q.k) over the visible keys.
     ``block_indices``: a top-k plan's, as ``attention`` takes them (compacted by ``topk_rows``);
     ``q_pos``: packed documents' positions (``sparsity.prepare``'s, from cu_seqlens)."""
@@ -941,24 +981,19 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
     why = layout_reason(o)
     if why:   # empty_like of a non-dense q: contiguous, which TMA addresses
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    (qb, qh, qhc), *q_view = _rows_view(q)
-    (kb, kh, khc), *k_view = _rows_view(k)
-    (vb, vh, vhc), *v_view = _rows_view(v)
-    (ob, oh, ohc), *o_view = _rows_view(o)
-    qd = _descriptor(q, *q_view, [BLOCK_MC, d])
-    od = _descriptor(o, *o_view, [BLOCK_MC, d])
-    kd = _descriptor(k, *k_view, [BLOCK_N, d])
-    vd = _descriptor(v, *v_view, [BLOCK_N, d])
     group = hq // hkv
     qk_scale = scale * 1.4426950408889634
-    n_qb = -(-n // (2 * BLOCK_MC))
     sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
     doc = _doc_args(plan, q_pos, n)
     cfg, _ = config(plan, "fwd")
     stages = cfg.get("stages", RING[d])
+    whole = None   # the undilated groups' descriptors, built once
     for grp in plan.groups:
         kern = load(grp.kernel_plan).msa_gluon_fwd
         hs = grp.h1 - grp.h0
+        dil = grp.kernel_plan.dilation
+        n_c = n // dil   # rows of a residue class (N is a multiple of the dilation: why_not)
+        n_qb = -(-n_c // (2 * BLOCK_MC))
         tiles = b * hs * n_qb
         targs = doc
         if grp.kernel_plan.topk:
@@ -969,15 +1004,39 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
         programs = min(sms, tiles)
         order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs, grp.h0 % group == 0 and hs % group == 0,
                              group)
-        tl = (_tile_list_on(grp.kernel_plan, n, b * hs, programs, q.device) if order == LISTED
+        tl = (_tile_list_on(grp.kernel_plan, n_c, b * hs, programs, q.device) if order == LISTED
               else direct.unused_pointer(q.device))
-        direct.launch(
-            kern, (programs,), qd, kd, vd, od, o, lse,
-            qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2),
-            *targs, tl, grp.h0, hs, hq, group, n, tiles, qk_scale,
-            STAGES=stages, FOLD=True, ORDER=order, num_warps=4, maxnreg=MAXNREG,
-        )
+        # a class's LSE rows are strided in lse: the kernel writes them contiguous, copied after
+        lse_c = lse if dil == 1 else torch.empty((b, hq, n_c), dtype=torch.float32, device=q.device)
+        for c, views in enumerate(_classes(dil, q, k, v, o)):
+            if dil == 1 and whole is not None:
+                descs, rows = whole
+            else:
+                descs, rows = _fwd_args(*views)
+                if dil == 1:
+                    whole = descs, rows
+            direct.launch(
+                kern, (programs,), *descs, lse_c, *rows, *targs, tl, grp.h0, hs, hq, group, n_c, tiles, qk_scale,
+                STAGES=stages, FOLD=True, ORDER=order, num_warps=4, maxnreg=MAXNREG,
+            )
+            if dil > 1:
+                lse[:, grp.h0:grp.h1, c::dil] = lse_c[:, grp.h0:grp.h1]
     return o, lse
+
+
+def _fwd_args(q, k, v, o) -> tuple[tuple, tuple]:
+    """The forward kernel's arguments around LSE for these (B, H, N, D) tensors or residue-class
+    views: (the four descriptors and o; the row offsets of each and o's row stride)."""
+    d = q.shape[3]
+    (qb, qh, qhc), *q_view = _rows_view(q)
+    (kb, kh, khc), *k_view = _rows_view(k)
+    (vb, vh, vhc), *v_view = _rows_view(v)
+    (ob, oh, ohc), *o_view = _rows_view(o)
+    qd = _descriptor(q, *q_view, [BLOCK_MC, d])
+    od = _descriptor(o, *o_view, [BLOCK_MC, d])
+    kd = _descriptor(k, *k_view, [BLOCK_N, d])
+    vd = _descriptor(v, *v_view, [BLOCK_N, d])
+    return (qd, kd, vd, od, o), (qb, qh, qhc, kb, kh, khc, vb, vh, vhc, ob, oh, ohc, o.stride(2))
 
 
 def _dense_like(x: torch.Tensor) -> torch.Tensor:
@@ -991,7 +1050,8 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
              q_pos: torch.Tensor | None = None, fused: bool = False):
     """(dq, dk, dv) of one call by the Gluon kernels; the caller has checked
     ``why_not_bwd(plan, q, k, v) is None`` (and ``fused_reason() is None`` for ``fused``). Per head
-    group: the Triton stats pass (``msa_bwd_pre`` of the group's Triton module, launched as
+    group (a dilated group's per residue class of the rows, ``_classes``, on strided views): the
+    Triton stats pass (``msa_bwd_pre`` of the group's Triton module, launched as
     ``launch.backward`` launches it: delta, LSE2 in log2 units, rows padded to 16 bytes), then the
     dK/dV kernel (a program per 128 keys of a KV head, its GROUP query heads summed inside: no
     atomics, deterministic) and the dQ kernel. ``fused``: the dK/dV kernel computes dQ as well
@@ -1005,44 +1065,26 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
     dq, dk, dv = _dense_like(q), _dense_like(k), _dense_like(v)
     if q.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    if layout_reason(do):   # e.g. the stride-0 gradient of a sum
+    if layout_reason(do) or _classes_reason(plan, do):   # e.g. the stride-0 gradient of a sum
         do = do.contiguous()
     lse = lse.contiguous()   # msa_bwd_pre reads it in dlse's layout
-    n_pad = -(-n // 4) * 4
-    stats = torch.empty((2, b, hq, n_pad), dtype=torch.float32, device=q.device)
-    delta, lse2 = stats[0, :, :, :n], stats[1, :, :, :n]
     if dlse is not None:
         # the gradient of a sum arrives expanded (stride 0): the kernel reads it in lse's layout
         dlse = dlse.to(torch.float32).contiguous()
-    views = {name: _rows_view(x) for name, x in (("q", q), ("k", k), ("v", v), ("do", do), ("dq", dq), ("dk", dk),
-                                                ("dv", dv))}
-    rows = {name: view[0] for name, view in views.items()}
-    # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV).
-    # The fused form runs no dQ kernel: its dQ, K and V descriptors are not built (host time)
-    qd, dod = (_descriptor(x, *views[name][1:], [BWD_BLOCK_M, d]) for name, x in (("q", q), ("do", do)))
-    if not fused:
-        dqd = _descriptor(dq, *views["dq"][1:], [BWD_BLOCK_M, d])
-        kd, vd = (_descriptor(x, *views[name][1:], [BLOCK_N, d]) for name, x in (("k", k), ("v", v)))
-    kd2, vd2, dkd, dvd = (_descriptor(x, *views[name][1:], [BLOCK_N // 2, d])
-                          for name, x in (("k", k), ("v", v), ("dk", dk), ("dv", dv)))
     qk_scale = scale * 1.4426950408889634
-    n_tiles = -(-n // BLOCK_N)
     doc = _doc_args(plan, q_pos, n)
     stages = config(plan, "bwd")[0].get("stages", BWD_RING[d])
     # fused: dQ accumulates in fp32 inside the dK/dV kernel (TMA reductions), the dQ kernel is not run
-    if fused:
-        dqa = torch.zeros((b, hq, n, d), dtype=torch.float32, device=q.device)
-        dqad = _descriptor(dqa, b * hq * n, d, [BWD_BLOCK_M, d // 2])   # its 2-D view [B * Hq * N, D]
+    dqa = torch.zeros((b, hq, n, d), dtype=torch.float32, device=q.device) if fused else None
     for grp in plan.groups:
         h0, h1 = grp.h0, grp.h1
         hs = h1 - h0
-        direct.launch(
-            grp.kernels("bwd").msa_bwd_pre, (-(-n // 64), b * hs),
-            o, do, dlse if dlse is not None else lse, lse, delta, lse2,
-            *o.stride(), *do.stride(), lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1),
-            h0, hs, n,
-            HEAD_DIM=d, BLOCK_D=plan.block_d, BLOCK_M=64, HAS_DLSE=dlse is not None, enable_fp_fusion=True,
-        )
+        dil = grp.kernel_plan.dilation
+        n_c = n // dil   # rows of a residue class (N is a multiple of the dilation: why_not_bwd)
+        n_tiles = -(-n_c // BLOCK_N)
+        n_pad = -(-n_c // 4) * 4
+        stats = torch.empty((2, b, hq, n_pad), dtype=torch.float32, device=q.device)
+        delta, lse2 = stats[0, :, :, :n_c], stats[1, :, :, :n_c]
         mod = load(grp.kernel_plan, "bwd")
         hk0 = h0 // group
         hks = (h1 - 1) // group + 1 - hk0
@@ -1054,21 +1096,48 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
             offsets, inverse = inverse_table(table, n_tiles)
             kv_args = (offsets, inverse, table.shape[1] * n_tiles, n_tiles)
             q_args = (table, table.stride(0), table.stride(1))
-        direct.launch(
-            mod.msa_gluon_bwd_dkdv, (n_tiles, b * hks), qd, kd2, vd2, dod, dkd, dvd, dqad if fused else dkd, dk, dv,
-            lse2, delta,
-            *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dk.stride(2), *rows["dv"], dv.stride(2),
-            delta.stride(0), delta.stride(1), *kv_args, hk0, hks, hq, group, n, qk_scale, scale,
-            STAGES=stages, FUSE=fused, num_warps=4, maxnreg=MAXNREG,
-        )
-        if fused:
-            continue
-        direct.launch(
-            mod.msa_gluon_bwd_dq, (n_tiles, b * hs), qd, kd, vd, dod, dqd, dq, lse2, delta,
-            *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dq.stride(2),
-            delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n, qk_scale, scale,
-            STAGES=stages, num_warps=4, maxnreg=MAXNREG,
-        )
+        tensors = (q, k, v, o, do, dq, dk, dv) + ((dqa,) if fused else ())
+        for c, views in enumerate(_classes(dil, *tensors)):
+            qc, kc, vc, oc, doc_, dqc, dkc, dvc = views[:8]
+            # the stats pass reads a class's LSE (and its gradient) rows contiguous
+            lse_c = lse if dil == 1 else lse[:, :, c::dil].contiguous()
+            dlse_c = dlse if dil == 1 or dlse is None else dlse[:, :, c::dil].contiguous()
+            direct.launch(
+                grp.kernels("bwd").msa_bwd_pre, (-(-n_c // 64), b * hs),
+                oc, doc_, dlse_c if dlse_c is not None else lse_c, lse_c, delta, lse2,
+                *oc.stride(), *doc_.stride(), lse_c.stride(0), lse_c.stride(1), delta.stride(0), delta.stride(1),
+                h0, hs, n_c,
+                HEAD_DIM=d, BLOCK_D=plan.block_d, BLOCK_M=64, HAS_DLSE=dlse is not None, enable_fp_fusion=True,
+            )
+            views_rows = {name: _rows_view(x) for name, x in (("q", qc), ("k", kc), ("v", vc), ("do", doc_),
+                                                               ("dq", dqc), ("dk", dkc), ("dv", dvc))}
+            rows = {name: view[0] for name, view in views_rows.items()}
+            # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV).
+            # The fused form runs no dQ kernel: its dQ, K and V descriptors are not built (host time)
+            qd, dod = (_descriptor(x, *views_rows[name][1:], [BWD_BLOCK_M, d]) for name, x in (("q", qc),
+                                                                                               ("do", doc_)))
+            kd2, vd2, dkd, dvd = (_descriptor(x, *views_rows[name][1:], [BLOCK_N // 2, d])
+                                  for name, x in (("k", kc), ("v", vc), ("dk", dkc), ("dv", dvc)))
+            if fused:
+                dqac = views[8]
+                dqad = _descriptor(dqac, b * hq * n_c, d, [BWD_BLOCK_M, d // 2])   # its 2-D view [B * Hq * N, D]
+            direct.launch(
+                mod.msa_gluon_bwd_dkdv, (n_tiles, b * hks), qd, kd2, vd2, dod, dkd, dvd, dqad if fused else dkd,
+                dkc, dvc, lse2, delta,
+                *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dkc.stride(2), *rows["dv"],
+                dvc.stride(2), delta.stride(0), delta.stride(1), *kv_args, hk0, hks, hq, group, n_c, qk_scale, scale,
+                STAGES=stages, FUSE=fused, num_warps=4, maxnreg=MAXNREG,
+            )
+            if fused:
+                continue
+            dqd = _descriptor(dqc, *views_rows["dq"][1:], [BWD_BLOCK_M, d])
+            kd, vd = (_descriptor(x, *views_rows[name][1:], [BLOCK_N, d]) for name, x in (("k", kc), ("v", vc)))
+            direct.launch(
+                mod.msa_gluon_bwd_dq, (n_tiles, b * hs), qd, kd, vd, dod, dqd, dqc, lse2, delta,
+                *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dqc.stride(2),
+                delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n_c, qk_scale, scale,
+                STAGES=stages, num_warps=4, maxnreg=MAXNREG,
+            )
     if fused:
         dq.copy_(dqa)
     return dq, dk, dv

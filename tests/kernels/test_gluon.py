@@ -24,14 +24,16 @@ from helpers import FLOOR, GLUON_NAMES as NAMES, SASS_OF, GlArray, GlNumpyTensor
     chunked_reference, gluon_docs, lowp_attention, make_inputs, rel_err, rendered_helpers, run_aot_source, \
     topk_inputs, first_plan as _plan, needs_gluon_api as needs_api, WHY_NO_GLUON as WHY_NO_API
 from msa_codegen.kernels import gluon, render as codegen
-from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.lowering import CU_SEQLENS, lower
 from msa_codegen.pattern.spec import parse
 from msa_codegen.plan import plan_for
 
 
 ELIGIBLE = ["causal", "causal=false", "window=4096", "window=1", "causal=false,window=300", "window=512,sink=64",
-            "causal=false,window=200,sink=100", "topk=16", "causal=false,topk=3", "topk=64,block=128"]
-NOT_ELIGIBLE = [("window=512,dilation=2", "dilation=2"), ("causal=false,global=16", "global=16"),
+            "causal=false,window=200,sink=100", "topk=16", "causal=false,topk=3", "topk=64,block=128",
+            "window=512,dilation=2", "causal=false,window=300,dilation=3"]
+NOT_ELIGIBLE = [("window=512,dilation=2,sink=4", "dilation=2 with sink=4 (the residue classes run apart here)"),
+                ("causal=false,global=16", "global=16"),
                 ("window=64,random=2", "random=2"),
                 ("window=64,topk=2", "topk=2 with window (the family runs the top-k term alone)"),
                 ("sink=8,random=1,topk=2", "topk=2 with sink, random (the family runs the top-k term alone)"),
@@ -524,8 +526,93 @@ def test_a_cpu_call_is_not_eligible_and_says_why():
     q, k, v, _ = make_inputs(1, 2, 1, 64, 64, torch.float32, "cpu")
     plan = plan_for("window=16", q.device, q.dtype, 64, 2, 1, 64)
     assert "not a CUDA GPU" in gluon.why_not(plan, q, k, v, 0.125)
-    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2", q.device, q.dtype, 64, 2, 1, 64)
-    assert gluon.why_not(plan, q, k, v, 0.125) == "heads 1-1: dilation=2"
+    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2,sink=1", q.device, q.dtype, 64, 2, 1, 64)
+    assert gluon.why_not(plan, q, k, v, 0.125) == "heads 1-1: dilation=2 with sink=1 (the residue classes run apart here)"
+
+
+def test_a_dilated_window_runs_its_residue_classes_as_strided_views():
+    """A dilated window is a plain window on each residue class of the rows: the launchers pass
+    rows c, c + d, ... as views (B, H, N / d, D) at d times the row stride, which TMA addresses
+    when N is a multiple of d; the call says why not otherwise, or under cu_seqlens, or with a
+    sink."""
+    spec = parse("window=8,dilation=3").groups[0].spec
+    assert "dilation=3 with cu_seqlens" in gluon.pattern_reason(lower(spec, **CU_SEQLENS))
+    for layout in ("bhnd", "bnhd"):
+        q, k, v, _ = make_inputs(2, 4, 2, 96, 64, torch.float32, "cpu", layout)
+        plan = plan_for("0-1:window=16;2-3:window=8,dilation=3", q.device, q.dtype, 64, 4, 2, 96)
+        assert gluon._classes_reason(plan, q, k, v) is None
+        classes = gluon._classes(3, q, k)
+        assert len(classes) == 3
+        for c, (qc, kc) in enumerate(classes):
+            assert torch.equal(qc, q[:, :, c::3]) and qc.data_ptr() == q[:, :, c].data_ptr()
+            (xb, xh, xhc), rows, cols = gluon._rows_view(qc)
+            flat = qc.as_strided((rows, cols), (qc.stride(2), 1))   # what the descriptor addresses
+            for b, h, r in ((0, 0, 0), (1, 3, 31), (1, 2, 7)):
+                assert torch.equal(flat[b * xb + h * xh + r, h * xhc:h * xhc + 64], q[b, h, c + 3 * r])
+        q, k, v, _ = make_inputs(1, 4, 2, 97, 64, torch.float32, "cpu", layout)
+        plan = plan_for("window=8,dilation=3", q.device, q.dtype, 64, 4, 2, 97)
+        assert "N=97, not a multiple" in gluon._classes_reason(plan, q, k, v)
+    # a slice of longer rows: the class view's head stride is not a multiple of its row stride
+    q, k, v, _ = make_inputs(1, 2, 2, 100, 64, torch.float32, "cpu")
+    plan = plan_for("window=8,dilation=3", q.device, q.dtype, 64, 2, 2, 99)
+    assert "residue class" in gluon._classes_reason(plan, *(x[:, :, :99] for x in (q, k, v)))
+    assert gluon._classes(1, q, k) == [(q, k)]
+
+
+def _forward_model(kplan):
+    """The forward kernel as float64 PyTorch over what the launcher passes (the descriptors' 2-D
+    views, the row offsets, LSE contiguous over the launch's N): every row of its heads against
+    the plan's window (no sink: the model's plans have none). Runs once per launch."""
+    def kernel(grid):
+        def launch(qd, kd, vd, od, O, LSE, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc, o_b, o_h, o_hc, o_sn, TL,
+                   H0, HS, HQ, GROUP, N, n_tiles, qk_scale, **kw):
+            assert O.data_ptr() == od.base.data_ptr() and o_sn == O.stride(2) and LSE.is_contiguous()
+            assert LSE.shape[2] == N and n_tiles % (HS * -(-N // 128)) == 0
+            d, scale = O.shape[3], qk_scale / 1.4426950408889634
+            rows = torch.arange(N)
+            delta = rows[:, None] - rows[None, :]
+            vis = (delta.abs() < kplan.window) & ((delta >= 0) if kplan.causal else True)
+            flat = lambda desc: desc.base.as_strided(desc.shape, desc.strides)   # noqa: E731
+            qv, kv, vv, ov = (flat(x) for x in (qd, kd, vd, od))
+            for b in range(n_tiles // (HS * -(-N // 128))):
+                for h in range(H0, H0 + HS):
+                    kh = h // GROUP
+                    q = qv[b * q_b + h * q_h + rows, h * q_hc:h * q_hc + d].double()
+                    k = kv[b * k_b + kh * k_h + rows, kh * k_hc:kh * k_hc + d].double()
+                    v = vv[b * v_b + kh * v_h + rows, kh * v_hc:kh * v_hc + d].double()
+                    s = (q @ k.T * scale).masked_fill(~vis, float("-inf"))
+                    ov[b * o_b + h * o_h + rows, h * o_hc:h * o_hc + d] = (torch.softmax(s, -1) @ v).to(ov.dtype)
+                    LSE[b, h] = torch.logsumexp(s, -1).float()
+        return launch
+
+    return type("M", (), {"msa_gluon_fwd": type("K", (), {"__getitem__": lambda self, grid: kernel(grid)})()})
+
+
+@pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", [
+    ("window=30,dilation=2", 400, 2, 4, 2, "bnhd"), ("causal=false,window=70,dilation=3", 390, 1, 3, 1, "bhnd"),
+    ("0-1:window=16;2-3:causal=false,window=8,dilation=4", 96, 2, 4, 2, "bhnd")])
+def test_the_forward_launcher_runs_the_residue_classes_through_a_model(monkeypatch, pattern, n, b, hq, hkv, layout):
+    """gluon.forward with its kernel replaced by a float64 model that reads and writes exactly
+    what the launcher passes: a dilated group's residue classes (one launch each, strided views,
+    the class's LSE rows copied into place) give the pattern contract's output and LSE; an
+    undilated group beside one runs on the whole tensors."""
+    if NAMES is None:
+        pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
+    launches = []
+    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": launches.append(kplan.dilation)
+                        or _forward_model(kplan))
+    monkeypatch.setattr(gluon, "_sm_count", lambda index: 8)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q, k, v, seed = make_inputs(b, hq, hkv, n, 64, torch.float32, "cpu", layout)
+    plan = plan_for(pattern, q.device, q.dtype, 64, hq, hkv, n)
+    assert gluon._groups_reason(plan, gluon.pattern_reason) is None and gluon._classes_reason(plan, q, k, v) is None
+    with torch.no_grad():
+        out, lse = gluon.forward(q, k, v, plan, 0.125)
+    ref, ref_lse = msa.reference_attention(*(x.detach().double() for x in (q, k, v)), pattern, 0.125, return_lse=True)
+    assert launches == [grp.kernel_plan.dilation for grp in plan.groups]
+    assert out.stride() == q.stride()
+    assert rel_err(out, ref) < FLOOR[torch.float32], f"seed {seed}"
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-4, f"seed {seed}"
 
 
 def _address(x, b, h, n):
@@ -658,7 +745,8 @@ def test_short_plain_window_calls_stay_on_triton(monkeypatch):
     with top-k or packed documents, and the variable, do not look at the size."""
     monkeypatch.delenv(gluon.ENV, raising=False)
     monkeypatch.setattr(gluon.triton, "__version__", "3.6.0")
-    for pattern, n in (("window=5", 9), ("causal=false,window=5", 9), ("window=40", 30), ("causal=false,window=1", 7)):
+    for pattern, n in (("window=5", 9), ("causal=false,window=5", 9), ("window=40", 30), ("causal=false,window=1", 7),
+                       ("window=3,dilation=2", 9), ("causal=false,window=4,dilation=3", 20)):
         kp = _plan(pattern)
         mask = msa.mask(pattern, n)[0]
         assert gluon._band_pairs(kp, n) == int(mask.sum()), pattern
@@ -736,8 +824,9 @@ def test_describe_names_the_family_and_why(monkeypatch):
     monkeypatch.setenv(gluon.ENV, "1")
     line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
-    line = gluon.describe([_plan("window=64,dilation=2")], "9.0", torch.bfloat16, 128)
-    assert line == f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2)"
+    line = gluon.describe([_plan("window=64,dilation=2,sink=2")], "9.0", torch.bfloat16, 128)
+    assert line == (f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2 with sink=2 "
+                    "(the residue classes run apart here))")
     assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
 
 
@@ -762,7 +851,7 @@ def test_dense_patterns_route_to_the_faster_forward(monkeypatch, pattern, d, slo
 
 def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
     """MSA_CODEGEN_GLUON=1 on a call the family does not take (here: the interpreter on the CPU,
-    or dilation on a GPU): the Triton forward runs, one log line says why."""
+    or a dilated window with a sink on a GPU): the Triton forward runs, one log line says why."""
     monkeypatch.setenv(gluon.ENV, "1")
     ran = []
     monkeypatch.setattr(gluon, "forward", lambda *a, **kw: ran.append(1))
@@ -770,9 +859,9 @@ def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, d
     q, k, v, _ = make_inputs(1, 2, 1, 70, 64, dtype, device)
     with caplog.at_level(logging.WARNING, logger=gluon.__name__):
         for _ in range(2):
-            out = msa.attention(q, k, v, "window=16,dilation=2")
+            out = msa.attention(q, k, v, "window=16,dilation=2,sink=3")
     assert not ran
-    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2")) < FLOOR[dtype]
+    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2,sink=3")) < FLOOR[dtype]
     lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__]
     assert len(lines) == 1 and "dilation=2" in lines[0] and "Triton forward runs" in lines[0], lines
 
@@ -867,7 +956,10 @@ GPU_CASES = ([("window=4096", *s) for s in _SHAPES] + [("causal", *s) for s in _
              + [("causal=false,window=300", *s) for s in _SHAPES[:3]]
              + [("window=512,sink=64", *s) for s in _SHAPES[:2]]
              + [("causal=false,window=200,sink=100", *s) for s in (_SHAPES[0], _SHAPES[3])]
-             + [("causal=false", _SHAPES[0][0], 64, 4, 1, BF)])
+             + [("causal=false", _SHAPES[0][0], 64, 4, 1, BF)]
+             # dilated windows: the residue classes of the rows as strided views (N a multiple of d)
+             + [("window=256,dilation=2", 1000, 128, 4, 1, BF), ("window=512,dilation=2", 8192, 128, 16, 16, BF),
+                ("causal=false,window=300,dilation=4", 4096 + 36, 64, 16, 16, FP)])
 
 
 def _ids(cases):
@@ -971,7 +1063,8 @@ def test_gpu_topk_attention_with_the_variable(monkeypatch):
         assert err <= _bound(dtype, base), f"{name}: {err:.2e} (torch {base:.2e}), seed {seed}"
 
 
-BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300,sink=64", 1000, 64, 16, 16, FP)]
+BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300,sink=64", 1000, 64, 16, 16, FP),
+             ("window=256,dilation=2", 4096 + 38, 128, 4, 1, BF)]
 
 
 @pytest.mark.gpu

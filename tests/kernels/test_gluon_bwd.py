@@ -412,7 +412,9 @@ def _model(pattern, documents=False):
 
 
 MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 257, 1, 4, 1, "bnhd"),
-               ("window=1", 130, 2, 2, 2, "bnhd"), ("causal=false,window=500", 200, 1, 3, 1, "bhnd")]
+               ("window=1", 130, 2, 2, 2, "bnhd"), ("causal=false,window=500", 200, 1, 3, 1, "bhnd"),
+               # dilated: each residue class of the rows a plain window on strided views
+               ("window=30,dilation=2", 400, 2, 4, 2, "bnhd"), ("causal=false,window=70,dilation=3", 390, 1, 3, 1, "bhnd")]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
@@ -560,7 +562,10 @@ BF, FP = torch.bfloat16, torch.float16
 GPU_CASES = [("window=256", 1000, 128, 4, 1, BF), ("window=4096", 8192, 128, 16, 16, BF),
              ("window=4096", 4133, 128, 4, 1, FP), ("window=1", 4133, 64, 16, 16, FP),
              ("causal=false,window=300", 1000, 128, 4, 1, BF), ("causal=false,window=300", 8192, 128, 16, 16, BF),
-             ("causal=false,window=300", 4133, 64, 16, 16, FP)]
+             ("causal=false,window=300", 4133, 64, 16, 16, FP),
+             # dilated: the residue classes of the rows (N a multiple of the dilation), each a plain window
+             ("window=256,dilation=2", 1000, 128, 4, 1, BF), ("window=4096,dilation=2", 8192, 128, 16, 16, BF),
+             ("causal=false,window=300,dilation=4", 4132, 64, 16, 16, FP)]
 
 
 def _ids(cases):

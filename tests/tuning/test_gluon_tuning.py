@@ -45,7 +45,10 @@ def test_the_gluon_hash_keys_each_direction_apart_from_the_triton_kernels():
     assert keys.gluon_hash("window=2048", "fwd") != fwd                                           # another plan
     # a direction the family cannot run has no hash: the sink's backward is Triton's
     assert keys.gluon_hash("window=4096,sink=64", "fwd") and keys.gluon_hash("window=4096,sink=64", "bwd") is None
-    assert keys.gluon_hash("window=4096,dilation=2", "fwd") is None
+    assert keys.gluon_hash("window=4096,dilation=2,sink=64", "fwd") is None
+    # a dilated window runs the plain window's kernels on its residue classes: the same code (its
+    # rows stay apart by their pattern)
+    assert keys.gluon_hash("window=4096,dilation=2", "fwd") == keys.gluon_hash("window=4096", "fwd")
     assert keys.is_current(WINDOW, keys.triton_version(), fwd) and keys.is_current(WINDOW, keys.triton_version(), bwd)
     assert not keys.is_current(WINDOW, keys.triton_version(), "gluon-0000000000000000")
 
