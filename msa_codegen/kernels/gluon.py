@@ -21,8 +21,8 @@ under the automatic choice). ``describe`` gives
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
 or without ``sink``, a dilated window without one (a plain window on each residue class of the
-rows: one launch a class on strided views, ``_classes``, N a multiple of the dilation; opt-in,
-not in the automatic choice), the window or dense terms over packed documents (``cu_seqlens``: each
+rows: one launch a class on strided views, ``_classes``, N a multiple of the dilation), the
+window or dense terms over packed documents (``cu_seqlens``: each
 tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` term alone on
 128-blocks (``pattern_reason``: the producer loads the blocks a tile's row of ``block_indices``
 names), q/k/v/o rows addressable by TMA (``layout_reason``), a positive scale, Nq == Nk, no other
@@ -129,11 +129,10 @@ def _plain_dense(kplan: KernelPlan) -> bool:
 
 @functools.lru_cache(maxsize=256)   # asked on every call's route (launch._gluon_route)
 def _plain_window(kplan: KernelPlan) -> bool:
-    """A plain window plan the automatic choice takes (``pattern_reason``): dilation 1, with or
-    without a sink, no run-time rows, top-k, global or random blocks. Dilated windows run here
-    under ``MSA_CODEGEN_GLUON=1`` (their residue classes as strided views, ``_classes``)."""
-    return (kplan.has_window and kplan.dilation == 1 and not (kplan.positional or kplan.segments)
-            and pattern_reason(kplan) is None)
+    """A plain window plan the family runs (``pattern_reason``): with or without a sink, or
+    dilated without one (its residue classes as strided views, ``_classes``); no run-time rows,
+    top-k, global or random blocks."""
+    return kplan.has_window and not (kplan.positional or kplan.segments) and pattern_reason(kplan) is None
 
 
 #: the automatic choice takes plain-window calls of at least this much forward work
@@ -183,16 +182,19 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
     """Why the automatic choice (``MSA_CODEGEN_GLUON`` unset) keeps a call of these head groups'
     plans on the Triton kernels (None: it asks for the Gluon family), on a Triton where the
     family passed its GPU tests. Automatic: plans of the top-k term alone, of packed documents
-    (cu_seqlens) and of plain windows (``_plain_window``: dilation 1, a sink allowed), in any
+    (cu_seqlens) and of plain windows (``_plain_window``: a sink allowed, or dilated), in any
     mix; the forward of dense plans at D=128 (``_gluon_dense``). Measured against the Triton
     family (H200, benchmarks/NOTES.md; forward / forward+backward time): top-k 0.75x / 0.75x
     (N=131072, 2026-12-03); documents of 1k-16k, ``window=4096``, 0.72-0.75x / 0.73-0.74x
     (2026-12-04), dense causal 0.89x / 0.79x; plain windows (2026-12-05) ``window=4096`` 0.85x /
     0.80x, 15 shapes from B=8 N=4096 D=64 to N=32768 D=128 0.75-1.00x / 0.73-1.00x, the short
-    encoder rows (B=8, N=4096-8192, D=64) through ``attention`` 0.83-0.85x forward+backward.
+    encoder rows (B=8, N=4096-8192, D=64) through ``attention`` 0.83-0.85x forward+backward;
+    dilated windows (H100, 2026-12-06, msa-bench) ``window=4096,dilation=2`` 0.83x / 0.74x,
+    ``dilation=4`` 0.81x / 0.77x.
     Their backward is fused where the call need not be deterministic and the fp32 dQ copy is
     small enough (``fused_reason``), two Gluon kernels otherwise. Calls of plain windows alone
-    under ``WINDOW_MIN_FLOPS`` of forward work (``flops``, ``window_flops``) and short
+    under ``WINDOW_MIN_FLOPS`` of forward work (``flops``, ``window_flops``; a dilated window's
+    launches are one a residue class: that much a class, d times as much in all) and short
     packed-document calls' backward (``DOCS_BWD_MIN_N``) take the Triton kernels. Dense plans
     have no Gluon backward without documents: the Triton backward runs on the Gluon forward's
     o and LSE. ``n``: the call's length, ``flops`` its work (None: not known, no length or
@@ -202,8 +204,10 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
         return "automatic for top-k, packed-document (cu_seqlens), plain-window and dense D=128 plans only"
     if backward and not both:
         return "the forward only for dense plans (the family's dense backward needs packed documents)"
-    if flops is not None and flops < WINDOW_MIN_FLOPS and all(map(_plain_window, kplans)):
-        return (f"plain windows from {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work on ({flops / 1e9:.3g} "
+    dil = max((kp.dilation for kp in kplans), default=1)
+    if flops is not None and flops < WINDOW_MIN_FLOPS * dil and all(map(_plain_window, kplans)):
+        each = f", {dil} times that with dilation={dil} (a launch a residue class)" if dil > 1 else ""
+        return (f"plain windows from {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work on{each} ({flops / 1e9:.3g} "
                 f"here: the Triton kernels measured faster on short calls)")
     if backward and n is not None and n < DOCS_BWD_MIN_N and any(kp.documents for kp in kplans):
         return (f"the backward of packed documents is automatic from N={DOCS_BWD_MIN_N} on (N={n}: the "
@@ -554,7 +558,9 @@ def _describe(family: str, groups, why: str | None, head_dim: int | None = None,
         short = ""
         if flops is None and os.environ.get(ENV) is None and groups and all(map(_plain_window, groups)):
             short = f"; plain-window calls under {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work run triton"
-        return f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address run triton{short})"
+        classes = ", or N not a multiple of the dilation," if any(kp.dilation > 1 for kp in groups) else ""
+        return (f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address{classes} run "
+                f"triton{short})")
     return f"{family} kernels: triton ({_setting()}, but gluon is not eligible: {why})"
 
 

@@ -693,12 +693,11 @@ def test_the_variable_is_read_on_every_call(monkeypatch):
 
 def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatch):
     """The automatic choice: pure top-k plans, packed documents (a window or dense) and plain
-    windows (dilation 1, a sink allowed) on a Triton where the family's GPU tests ran; the
-    dense forward at D=128; not dilated windows nor the other terms; the variable overrides it
-    both ways."""
+    windows (a sink allowed, or dilated) on a Triton where the family's GPU tests ran; the
+    dense forward at D=128; not the other terms; the variable overrides it both ways."""
     topk, window = [_plan("topk=16")], [_plan("window=4096")]
     docs = [_plan("window=4096", documents=True), _plan("causal", documents=True)]
-    others = [_plan(p) for p in ("window=4096,dilation=2", "causal=false,window=256,global=2",
+    others = [_plan(p) for p in ("window=4096,dilation=2,sink=8", "causal=false,window=256,global=2",
                                  "causal=false,window=64,random=2")]
     monkeypatch.delenv(gluon.ENV, raising=False)
     assert not gluon.requested()
@@ -709,7 +708,7 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
         assert gluon.requested(docs) == auto and gluon.requested(topk + docs[:1]) == auto, version
         # plain windows, causal or not, with a sink, mixed with the other automatic plans, both directions
         for plans in (window, [_plan("causal=false,window=512")], [_plan("window=4096,sink=64")], docs + window,
-                      topk + window):
+                      topk + window, [_plan("window=4096,dilation=2")], window + [_plan("causal=false,window=64,dilation=4")]):
             assert gluon.requested(plans, 16384, head_dim=64) == auto, (version, plans)
             assert gluon.requested(plans, 16384, backward=True, head_dim=64) == auto, (version, plans)
         for plan in others:
@@ -769,7 +768,13 @@ def test_short_plain_window_calls_stay_on_triton(monkeypatch):
     assert gluon.window_flops(pair, 2, 100, 64) == 4 * 64 * 2 * (4 * gluon._band_pairs(pair[0][1], 100)
                                                                   + 8 * gluon._band_pairs(pair[1][1], 100))
     assert gluon.window_flops([(4, _plan("topk=4")), *pair], 2, 100, 64) is None
-    assert gluon.window_flops([(4, _plan("window=64,dilation=2"))], 2, 100, 64) is None
+    dilated = _plan("window=64,dilation=2")
+    assert gluon.window_flops([(4, dilated)], 2, 100, 64) == 4 * 64 * 2 * 4 * int(msa.mask("window=64,dilation=2",
+                                                                                          100)[0].sum())
+    # a dilated window launches once a residue class: the threshold holds for each class
+    for flops, auto in ((gluon.WINDOW_MIN_FLOPS, False), (2 * gluon.WINDOW_MIN_FLOPS, True)):
+        assert gluon.requested([dilated], 8192, False, 64, flops) == auto
+    assert "2 times that with dilation=2" in gluon.auto_reason([dilated], 8192, True, 64, gluon.WINDOW_MIN_FLOPS)
     docs = [_plan("window=4096", documents=True)]
     assert gluon.requested(docs, 20000, False, 64, 1.0)
     # msa-codegen which: with the call's size the line says which family runs and why

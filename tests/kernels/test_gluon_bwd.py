@@ -32,9 +32,9 @@ from msa_codegen.plan import plan_for
 
 
 ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",
-            "causal=false,topk=3"]
+            "causal=false,topk=3", "window=512,dilation=2", "causal=false,window=30,dilation=5"]
 NOT_ELIGIBLE = [("window=512,sink=64", "sink=64"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
-                ("window=512,dilation=2", "dilation=2"), ("window=64,topk=2", "topk=2 with window"),
+                ("window=512,dilation=2,sink=1", "dilation=2 with sink=1"), ("window=64,topk=2", "topk=2 with window"),
                 ("topk=2,block=64", "block=64"),
                 ("causal=false,global=16", "global=16")]
 
