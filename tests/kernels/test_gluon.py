@@ -1152,18 +1152,22 @@ def test_gpu_bnhd_layout_and_several_head_groups(monkeypatch):
 @needs_hopper
 @needs_api
 def test_gpu_random_patterns_shapes_and_layouts():
-    """Fresh random cases (direction, window or dense, sink, length, head dim, GQA ratio, layout,
-    dtype) against the float64 reference; the seed is in the message."""
+    """Fresh random cases (direction, window or dense, sink or dilation, length, head dim, GQA
+    ratio, layout, dtype) against the float64 reference; the seed is in the message."""
     seed = random.randrange(2**31)
     rng = random.Random(seed)
     for _ in range(4):
         terms = [rng.choice(["causal", "causal=false"])]
+        dil = 1
         if rng.random() < 0.8:
             terms.append(f"window={rng.choice([1, 64, 200, 1000])}")
             if rng.random() < 0.5:
                 terms.append(f"sink={rng.choice([1, 64, 300])}")
+            elif rng.random() < 0.5:   # dilated: its residue classes, N a multiple of the dilation
+                dil = rng.choice([2, 3, 4])
+                terms.append(f"dilation={dil}")
         pattern = ",".join(terms)
-        n, d = rng.randrange(1, 3000), rng.choice([64, 128])
+        n, d = dil * rng.randrange(1, 3000 // dil), rng.choice([64, 128])
         hkv = rng.choice([1, 2])
         hq = hkv * rng.choice([1, 3, 4])
         dtype, layout = rng.choice([BF, FP]), rng.choice(["bhnd", "bnhd"])
