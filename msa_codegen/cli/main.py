@@ -336,8 +336,9 @@ def cmd_which(args) -> int:
             sized = [(h1 - h0, lower(spec, **_documents(args))) for h0, h1, spec in pat.head_groups(heads)]
             flops = _gluon_family.window_flops(sized, 1, args.seqlen, args.head_dim)
             q_numel = heads * args.seqlen * args.head_dim
-        print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim, flops))
-        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim, group, flops, q_numel))
+        print(_gluon_family.describe(kplans, cap, torch_dtype(args.dtype), args.head_dim, flops, args.seqlen))
+        print(_gluon_family.describe_bwd(kplans, cap, torch_dtype(args.dtype), args.head_dim, group, flops, q_numel,
+                                         args.seqlen))
         hashes = (_gluon_family.kernel_hash(tuple(kplans), "fwd"), _gluon_family.kernel_hash(tuple(kplans), "bwd"))
         if cap.startswith("9.") and hashes != (None, None):
             print(gluon_lookup_for_gpu(name, cap, pat, args.head_dim, dtype_name(args.dtype), group, args.seqlen,

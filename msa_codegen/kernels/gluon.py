@@ -394,15 +394,26 @@ def layout_reason(*tensors: torch.Tensor) -> str | None:
     return None
 
 
-def _classes_reason(plan, *tensors: torch.Tensor) -> str | None:
-    """Why a dilated head group's residue classes cannot run as strided views of the rows
-    (``_classes``; None: they can, or no group is dilated): N a multiple of the dilation, and
-    the views addressable by TMA (rows c, c + d, ... of one head at d times the row stride)."""
-    n = tensors[0].shape[2]
-    for dil in sorted({grp.kernel_plan.dilation for grp in plan.groups} - {1}):
+def _length_reason(kplans, n: int) -> str | None:
+    """Why N rows cannot be split into the residue classes of these plans' dilations (None:
+    every dilation divides N, or none is above 1)."""
+    for dil in sorted({kp.dilation for kp in kplans} - {1}):
         if n % dil:
             return (f"dilation={dil} with N={n}, not a multiple of it (each residue class of the rows runs "
                     f"as a strided view)")
+    return None
+
+
+def _classes_reason(plan, *tensors: torch.Tensor) -> str | None:
+    """Why a dilated head group's residue classes cannot run as strided views of the rows
+    (``_classes``; None: they can, or no group is dilated): N a multiple of the dilation
+    (``_length_reason``), and the views addressable by TMA (rows c, c + d, ... of one head at d
+    times the row stride)."""
+    kplans = [grp.kernel_plan for grp in plan.groups]
+    why = _length_reason(kplans, tensors[0].shape[2])
+    if why:
+        return why
+    for dil in sorted({kp.dilation for kp in kplans} - {1}):
         why = layout_reason(*(x[:, :, ::dil] for x in tensors))
         if why:
             return f"dilation={dil}, a residue class of the rows: {why}"
@@ -538,16 +549,20 @@ def note(plan, why: str, family: str = "forward") -> None:
                 str(plan.key[2]).replace("torch.", ""), why)
 
 
-def describe(groups, capability: str, dtype: torch.dtype, head_dim: int, flops: float | None = None) -> str:
+def describe(groups, capability: str, dtype: torch.dtype, head_dim: int, flops: float | None = None,
+             n: int | None = None) -> str:
     """One line for ``msa-codegen which``: the forward family a call of these head groups' plans
-    (``flops`` of forward work, ``window_flops``; None: not known) runs on this capability / dtype
-    / head dim, and why not Gluon."""
+    (``flops`` of forward work, ``window_flops``; None: not known; ``n`` rows, for a dilated
+    window's residue classes: None, not known) runs on this capability / dtype / head dim, and
+    why not Gluon."""
     why = next((pattern_reason(kp) for kp in groups if pattern_reason(kp)), None)
+    why = why or (n is not None and _length_reason(groups, n)) or None
     why = why or slower_reason(groups, head_dim) or capability_reason(capability, dtype, head_dim) or api()[1]
-    return _describe("forward", groups, why, head_dim, flops)
+    return _describe("forward", groups, why, head_dim, flops, n)
 
 
-def _describe(family: str, groups, why: str | None, head_dim: int | None = None, flops: float | None = None) -> str:
+def _describe(family: str, groups, why: str | None, head_dim: int | None = None, flops: float | None = None,
+              n: int | None = None) -> str:
     if not requested(groups, head_dim=head_dim, flops=flops):
         state = "eligible" if why is None else f"not eligible: {why}"
         setting = os.environ.get(ENV)
@@ -559,20 +574,22 @@ def _describe(family: str, groups, why: str | None, head_dim: int | None = None,
         if flops is None and os.environ.get(ENV) is None and groups and all(map(_plain_window, groups)):
             short = f"; plain-window calls under {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work run triton"
         classes = ", or N not a multiple of the dilation," if any(kp.dilation > 1 for kp in groups) else ""
+        classes = "" if n is not None else classes
         return (f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address{classes} run "
                 f"triton{short})")
     return f"{family} kernels: triton ({_setting()}, but gluon is not eligible: {why})"
 
 
 def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, group: int = 1,
-                 flops: float | None = None, q_numel: int | None = None) -> str:
+                 flops: float | None = None, q_numel: int | None = None, n: int | None = None) -> str:
     """``describe``'s line for the backward: the family of dq / dk / dv, and why not Gluon; for
     the Gluon backward, whether a call that need not be deterministic runs it as one fused
     kernel (``fused_reason``, ``group`` query heads a KV head, ``q_numel`` elements of q: None,
     not known)."""
     why = next((bwd_pattern_reason(kp) for kp in groups if bwd_pattern_reason(kp)), None)
+    why = why or (n is not None and _length_reason(groups, n)) or None
     why = why or capability_reason(capability, dtype, head_dim) or api()[1]
-    line = _describe("backward", groups, why, head_dim, flops)
+    line = _describe("backward", groups, why, head_dim, flops, n)
     if line.startswith("backward kernels: gluon"):
         not_fused = fused_reason(groups, group, q_numel)
         line += ("; one fused kernel unless the call is deterministic" if not_fused is None

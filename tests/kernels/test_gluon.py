@@ -833,6 +833,18 @@ def test_describe_names_the_family_and_why(monkeypatch):
     assert line == (f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2 with sink=2 "
                     "(the residue classes run apart here))")
     assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
+    # a dilated window: with the call's N (which --seqlen), whether its residue classes divide it
+    dilated = [_plan("window=64,dilation=2")]
+    why = "dilation=2 with N=4097, not a multiple of it (each residue class of the rows runs as a strided view)"
+    for describe in (gluon.describe, lambda *a, **kw: gluon.describe_bwd(*a[:4], 1, **kw)):
+        assert describe(dilated, "9.0", torch.bfloat16, 128, n=4097) == (
+            f"{'forward' if describe is gluon.describe else 'backward'} kernels: triton ({gluon.ENV}=1, but gluon is "
+            f"not eligible: {why})")
+        line = describe(dilated, "9.0", torch.bfloat16, 128, n=4096)
+        assert line.startswith("forward kernels: gluon" if describe is gluon.describe else "backward kernels: gluon") \
+            or not NAMES, line
+        assert "N not a multiple" not in line
+        assert "N not a multiple of the dilation" in describe(dilated, "9.0", torch.bfloat16, 128) or not NAMES
 
 
 @pytest.mark.parametrize("pattern,d,slower", [("causal", 128, False), ("causal", 64, True), ("causal=false", 128, False),
