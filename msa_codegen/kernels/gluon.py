@@ -573,8 +573,9 @@ def _describe(family: str, groups, why: str | None, head_dim: int | None = None,
         short = ""
         if flops is None and os.environ.get(ENV) is None and groups and all(map(_plain_window, groups)):
             short = f"; plain-window calls under {WINDOW_MIN_FLOPS / 1e9:.1f} GFLOP of forward work run triton"
-        classes = ", or N not a multiple of the dilation," if any(kp.dilation > 1 for kp in groups) else ""
-        classes = "" if n is not None else classes
+        # N unknown: a dilated window's residue classes may not divide it
+        dilated = n is None and any(kp.dilation > 1 for kp in groups)
+        classes = ", or N not a multiple of the dilation," if dilated else ""
         return (f"{family} kernels: gluon ({_setting()}; inputs whose strides TMA cannot address{classes} run "
                 f"triton{short})")
     return f"{family} kernels: triton ({_setting()}, but gluon is not eligible: {why})"
