@@ -1011,7 +1011,7 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
     doc = _doc_args(plan, q_pos, n)
     cfg, _ = config(plan, "fwd")
     stages = cfg.get("stages", RING[d])
-    whole = None   # the undilated groups' descriptors, built once
+    args = {}   # (dilation, class): its descriptors and row offsets, shared by the head groups
     for grp in plan.groups:
         kern = load(grp.kernel_plan).msa_gluon_fwd
         hs = grp.h1 - grp.h0
@@ -1033,12 +1033,9 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
         # a class's LSE rows are strided in lse: the kernel writes them contiguous, copied after
         lse_c = lse if dil == 1 else torch.empty((b, hq, n_c), dtype=torch.float32, device=q.device)
         for c, views in enumerate(_classes(dil, q, k, v, o)):
-            if dil == 1 and whole is not None:
-                descs, rows = whole
-            else:
-                descs, rows = _fwd_args(*views)
-                if dil == 1:
-                    whole = descs, rows
+            if (dil, c) not in args:
+                args[dil, c] = _fwd_args(*views)
+            descs, rows = args[dil, c]
             direct.launch(
                 kern, (programs,), *descs, lse_c, *rows, *targs, tl, grp.h0, hs, hq, group, n_c, tiles, qk_scale,
                 STAGES=stages, FOLD=True, ORDER=order, num_warps=4, maxnreg=MAXNREG,
@@ -1100,15 +1097,14 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
     stages = config(plan, "bwd")[0].get("stages", BWD_RING[d])
     # fused: dQ accumulates in fp32 inside the dK/dV kernel (TMA reductions), the dQ kernel is not run
     dqa = torch.zeros((b, hq, n, d), dtype=torch.float32, device=q.device) if fused else None
+    tensors = (q, k, v, o, do, dq, dk, dv) + ((dqa,) if fused else ())
+    shared = {}   # (dilation, class): what its head groups share (``_bwd_args``)
     for grp in plan.groups:
         h0, h1 = grp.h0, grp.h1
         hs = h1 - h0
         dil = grp.kernel_plan.dilation
         n_c = n // dil   # rows of a residue class (N is a multiple of the dilation: why_not_bwd)
         n_tiles = -(-n_c // BLOCK_N)
-        n_pad = -(-n_c // 4) * 4
-        stats = torch.empty((2, b, hq, n_pad), dtype=torch.float32, device=q.device)
-        delta, lse2 = stats[0, :, :, :n_c], stats[1, :, :, :n_c]
         mod = load(grp.kernel_plan, "bwd")
         hk0 = h0 // group
         hks = (h1 - 1) // group + 1 - hk0
@@ -1120,51 +1116,66 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
             offsets, inverse = inverse_table(table, n_tiles)
             kv_args = (offsets, inverse, table.shape[1] * n_tiles, n_tiles)
             q_args = (table, table.stride(0), table.stride(1))
-        tensors = (q, k, v, o, do, dq, dk, dv) + ((dqa,) if fused else ())
         for c, views in enumerate(_classes(dil, *tensors)):
+            if (dil, c) not in shared:
+                shared[dil, c] = _bwd_args(views, lse, dlse, dil, c, fused)
+            a = shared[dil, c]
             qc, kc, vc, oc, doc_, dqc, dkc, dvc = views[:8]
-            # the stats pass reads a class's LSE (and its gradient) rows contiguous
-            lse_c = lse if dil == 1 else lse[:, :, c::dil].contiguous()
-            dlse_c = dlse if dil == 1 or dlse is None else dlse[:, :, c::dil].contiguous()
+            delta, lse2, rows = a["delta"], a["lse2"], a["rows"]
             direct.launch(
                 grp.kernels("bwd").msa_bwd_pre, (-(-n_c // 64), b * hs),
-                oc, doc_, dlse_c if dlse_c is not None else lse_c, lse_c, delta, lse2,
-                *oc.stride(), *doc_.stride(), lse_c.stride(0), lse_c.stride(1), delta.stride(0), delta.stride(1),
-                h0, hs, n_c,
+                oc, doc_, a["dlse"] if dlse is not None else a["lse"], a["lse"], delta, lse2,
+                *oc.stride(), *doc_.stride(), a["lse"].stride(0), a["lse"].stride(1), delta.stride(0),
+                delta.stride(1), h0, hs, n_c,
                 HEAD_DIM=d, BLOCK_D=plan.block_d, BLOCK_M=64, HAS_DLSE=dlse is not None, enable_fp_fusion=True,
             )
-            views_rows = {name: _rows_view(x) for name, x in (("q", qc), ("k", kc), ("v", vc), ("do", doc_),
-                                                               ("dq", dqc), ("dk", dkc), ("dv", dvc))}
-            rows = {name: view[0] for name, view in views_rows.items()}
-            # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV).
-            # The fused form runs no dQ kernel: its dQ, K and V descriptors are not built (host time)
-            qd, dod = (_descriptor(x, *views_rows[name][1:], [BWD_BLOCK_M, d]) for name, x in (("q", qc),
-                                                                                               ("do", doc_)))
-            kd2, vd2, dkd, dvd = (_descriptor(x, *views_rows[name][1:], [BLOCK_N // 2, d])
-                                  for name, x in (("k", kc), ("v", vc), ("dk", dkc), ("dv", dvc)))
-            if fused:
-                dqac = views[8]
-                dqad = _descriptor(dqac, b * hq * n_c, d, [BWD_BLOCK_M, d // 2])   # its 2-D view [B * Hq * N, D]
             direct.launch(
-                mod.msa_gluon_bwd_dkdv, (n_tiles, b * hks), qd, kd2, vd2, dod, dkd, dvd, dqad if fused else dkd,
-                dkc, dvc, lse2, delta,
+                mod.msa_gluon_bwd_dkdv, (n_tiles, b * hks), a["qd"], a["kd2"], a["vd2"], a["dod"], a["dkd"],
+                a["dvd"], a["dqad"] if fused else a["dkd"], dkc, dvc, lse2, delta,
                 *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dk"], dkc.stride(2), *rows["dv"],
                 dvc.stride(2), delta.stride(0), delta.stride(1), *kv_args, hk0, hks, hq, group, n_c, qk_scale, scale,
                 STAGES=stages, FUSE=fused, num_warps=4, maxnreg=MAXNREG,
             )
             if fused:
                 continue
-            dqd = _descriptor(dqc, *views_rows["dq"][1:], [BWD_BLOCK_M, d])
-            kd, vd = (_descriptor(x, *views_rows[name][1:], [BLOCK_N, d]) for name, x in (("k", kc), ("v", vc)))
             direct.launch(
-                mod.msa_gluon_bwd_dq, (n_tiles, b * hs), qd, kd, vd, dod, dqd, dqc, lse2, delta,
-                *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dqc.stride(2),
+                mod.msa_gluon_bwd_dq, (n_tiles, b * hs), a["qd"], a["kd"], a["vd"], a["dod"], a["dqd"], dqc, lse2,
+                delta, *rows["q"], *rows["k"], *rows["v"], *rows["do"], *rows["dq"], dqc.stride(2),
                 delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n_c, qk_scale, scale,
                 STAGES=stages, num_warps=4, maxnreg=MAXNREG,
             )
     if fused:
         dq.copy_(dqa)
     return dq, dk, dv
+
+
+def _bwd_args(views, lse, dlse, dil: int, c: int, fused: bool) -> dict:
+    """What the backward's head groups of one residue class (the whole call at dilation 1) share:
+    the class's LSE rows (and their gradient's) contiguous, as the stats pass reads them; its
+    stats rows (delta, LSE2, padded to 16 bytes); the views' row offsets (``rows``) and
+    descriptors. ``views``: q, k, v, o, do, dq, dk, dv (and the fused form's fp32 dQ) of the
+    class (``_classes``)."""
+    qc, kc, vc, _, doc_, dqc, dkc, dvc = views[:8]
+    b, hq, n_c, d = qc.shape
+    stats = torch.empty((2, b, hq, -(-n_c // 4) * 4), dtype=torch.float32, device=qc.device)
+    a = {"lse": lse if dil == 1 else lse[:, :, c::dil].contiguous(),
+         "dlse": dlse if dil == 1 or dlse is None else dlse[:, :, c::dil].contiguous(),
+         "delta": stats[0, :, :, :n_c], "lse2": stats[1, :, :, :n_c]}
+    views_rows = {name: _rows_view(x) for name, x in (("q", qc), ("k", kc), ("v", vc), ("do", doc_), ("dq", dqc),
+                                                       ("dk", dkc), ("dv", dvc))}
+    a["rows"] = {name: view[0] for name, view in views_rows.items()}
+    # Q, dO, dQ: 64-row tiles in both kernels; K, V: 128-key tiles (dQ), 64-key halves (dK/dV).
+    # The fused form runs no dQ kernel: its dQ, K and V descriptors are not built (host time)
+    a["qd"], a["dod"] = (_descriptor(x, *views_rows[name][1:], [BWD_BLOCK_M, d])
+                         for name, x in (("q", qc), ("do", doc_)))
+    a["kd2"], a["vd2"], a["dkd"], a["dvd"] = (_descriptor(x, *views_rows[name][1:], [BLOCK_N // 2, d])
+                                              for name, x in (("k", kc), ("v", vc), ("dk", dkc), ("dv", dvc)))
+    if fused:   # the fp32 dQ's 2-D view [B * Hq * N, D] (of the class's rows)
+        a["dqad"] = _descriptor(views[8], b * hq * n_c, d, [BWD_BLOCK_M, d // 2])
+    else:
+        a["dqd"] = _descriptor(dqc, *views_rows["dq"][1:], [BWD_BLOCK_M, d])
+        a["kd"], a["vd"] = (_descriptor(x, *views_rows[name][1:], [BLOCK_N, d]) for name, x in (("k", kc), ("v", vc)))
+    return a
 
 
 # ---- ahead-of-time compile (no GPU needed) --------------------------------------------------
