@@ -38,8 +38,9 @@ inside, no atomics) and a dQ kernel in the forward's layout, after the Triton st
 ``msa_bwd_pre``; for a call that need not be deterministic (``attention(deterministic=...)``),
 one fused kernel instead: the dK/dV kernel computes dQ too and adds it by TMA reduce-adds
 (``fused_reason``). Run by ``launch.backward`` under the same variable when ``why_not_bwd`` finds
-nothing against the call: causal or bidirectional windows without sink, dilated or not (or dense
-over packed documents), top-k, Hopper, bf16 / fp16, head dim 64 or 128, layouts TMA addresses,
+nothing against the call: causal or bidirectional windows, dilated or not, or with a sink of at
+most ``MAX_SINK`` keys (the sink's pairs outside the window by a Triton pass, ``kernels/sink.py``),
+dense over packed documents, top-k, Hopper, bf16 / fp16, head dim 64 or 128, layouts TMA addresses,
 no KV head split between head groups.
 
 Nothing here imports Gluon until a kernel is rendered or loaded: ``import msa_codegen`` works
@@ -91,6 +92,12 @@ TOPK_SLOTS = 64
 #: streaming 64-query tiles of Q and dO; dQ a program of 2 x 64 rows streaming 128-key tiles
 BWD_BLOCK_M = 64
 BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,608 B (probe); 3 would not fit
+
+#: the most sink keys the Gluon backward takes (``kernels/sink.py`` holds them, their dK and dV
+#: in registers); a longer sink runs the Triton backward
+MAX_SINK = 64
+#: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
+SINK_PROGRAMS = 512
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -476,18 +483,17 @@ def slower_reason(kplans, head_dim: int | None = None) -> str | None:
 
 def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     """Why one head group's plan cannot run the Gluon backward (None: it can): a causal or
-    bidirectional window (dilated too: its residue classes), or the forward's top-k plans
-    (``topk_reason``), nothing else. A sink
-    needs the Triton backward's prefix-key tiles (every query contributes to the sink keys'
-    dK/dV), dense plans have no band to tile, except over packed documents (each document is
-    the band)."""
+    bidirectional window (dilated too: its residue classes), with a sink of at most ``MAX_SINK``
+    keys (its pairs outside the window: ``_sink_pass``), or the forward's top-k plans
+    (``topk_reason``), nothing else. Dense plans have no band to tile, except over packed
+    documents (each document is the band)."""
     why = pattern_reason(kplan)
     if why:
         return why
     if kplan.topk:
         return None
-    if kplan.sink:
-        return f"sink={kplan.sink} (the backward's prefix-key tiles are the Triton kernels')"
+    if kplan.sink > MAX_SINK:
+        return f"sink={kplan.sink} > {MAX_SINK} (the sink pass holds the sink's keys in registers)"
     if not (kplan.has_window or kplan.documents):
         return "dense pattern (no window): the Gluon backward tiles a window's band"
     return None
@@ -1144,9 +1150,64 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
                 delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n_c, qk_scale, scale,
                 STAGES=stages, num_warps=4, maxnreg=MAXNREG,
             )
+        if grp.kernel_plan.sink:   # undilated (bwd_pattern_reason): one class, the whole tensors
+            a = shared[1, 0]
+            _sink_pass(grp, q, k, v, do, a["lse2"], a["delta"], dqa if fused else dq, dq, dk, dv, scale)
     if fused:
-        dq.copy_(dqa)
+        # the sink pass converted its heads' rows (``_sink_pass``)
+        for h0, h1 in _spans([(g.h0, g.h1) for g in plan.groups if not g.kernel_plan.sink]):
+            dq[:, h0:h1].copy_(dqa[:, h0:h1])
     return dq, dk, dv
+
+
+def _spans(ranges) -> list[tuple[int, int]]:
+    """Adjacent [h0, h1) ranges merged (one copy for a plan's undivided heads)."""
+    out = []
+    for h0, h1 in sorted(ranges):
+        if out and out[-1][1] == h0:
+            out[-1] = (out[-1][0], h1)
+        else:
+            out.append((h0, h1))
+    return out
+
+
+def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -> None:
+    """The pairs a head group's sink adds outside its window (``kernels/sink.py``): their dQ terms
+    added to ``dq_in``'s rows of the group's heads and written to ``dq`` (from the fused form's
+    fp32 copy every row, converted; from the two-kernel form's dQ, ``dq_in is dq``, the rows
+    that have such pairs), their dK / dV summed over the chunks' partial sums and the GQA group in
+    a fixed order and added to dK / dV's first S rows."""
+    from . import sink as sink_kernels
+
+    kp = grp.kernel_plan
+    b, hq, n, d = q.shape
+    group = hq // k.shape[1]
+    h0, hs = grp.h0, grp.h1 - grp.h0
+    convert = dq_in is not dq
+    # rows that see a sink key outside their window: causal from row W on (bidirectional: any)
+    row0 = 0 if convert or not kp.causal else min(kp.window, n)
+    if row0 >= n:
+        return
+    bm, bs = 64, max(16, triton.next_power_of_2(kp.sink))
+    per = max(1, SINK_PROGRAMS // (b * hs))   # chunks a (batch, head)
+    chunk = -(-(n - row0) // (per * bm)) * bm
+    chunks = -(-(n - row0) // chunk)
+    parts = torch.empty((2, chunks, b * hs, bs, d), dtype=torch.float32, device=q.device)
+    strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
+    direct.launch(
+        sink_kernels.sink_bwd, (chunks, b * hs), q, k, v, do, lse2, delta, dq_in, dq, parts[0], parts[1],
+        *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
+        h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
+        SINK=kp.sink, WINDOW=kp.window, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_S=bs,
+        CONVERT=convert, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8 if d > 64 else 4,
+    )
+    # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
+    s = min(kp.sink, n)
+    sums = parts.sum(1).view(2, b, hs // group, group, bs, d).sum(3)[:, :, :, :s]
+    hk0 = h0 // group
+    for x, add in zip((dk, dv), sums):
+        rows = x[:, hk0:hk0 + hs // group, :s]
+        rows.copy_(rows.float() + add)
 
 
 def _bwd_args(views, lse, dlse, dil: int, c: int, fused: bool) -> dict:

@@ -214,11 +214,11 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
             "here)); the Triton kernels run it") in lines
     if gluon.api()[0] is not None:
         assert "# generated from msa_codegen/templates/gluon/fwd.py.jinja" in p.stdout and "def msa_gluon_fwd(" in p.stdout
-    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,sink=8;8-15:causal=false,window=64", "--family",
+    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,sink=80;8-15:causal=false,window=64", "--family",
                  "gluon", "--direction", "bwd"], tmp_path))
     lines = p.stdout.splitlines()
     assert lines[0].startswith("# Gluon backward") and "eligible" in lines[0]
-    assert any(line.startswith("# window=64,sink=8: no Gluon kernel (sink=8") for line in lines)
+    assert any(line.startswith("# window=64,sink=80: no Gluon kernel (sink=80 > 64") for line in lines)
     if gluon.api()[0] is not None:
         assert "# generated from msa_codegen/templates/gluon/bwd.py.jinja" in p.stdout
         assert "def msa_gluon_bwd_dkdv(" in p.stdout and "def msa_gluon_bwd_dq(" in p.stdout

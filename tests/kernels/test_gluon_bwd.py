@@ -1,7 +1,7 @@
 """The Gluon backward family (kernels/gluon.py, templates/gluon/bwd.py.jinja; issue 22).
 
 CPU: rendering is deterministic, specialised by the plan and kept out of the Triton kernels'
-hash; the eligibility rules (windows without sink only, no split KV heads); the rendered tiling
+hash; the eligibility rules (windows, a sink of at most 64 keys, no split KV heads); the rendered tiling
 of both kernels run as Python over NumPy against the pattern's mask; the routing in
 ``launch.backward`` (an ineligible call runs the Triton backward and logs why once); the
 launcher with its kernels replaced by a float64 model of them (the reference gradients); an
@@ -32,8 +32,9 @@ from msa_codegen.plan import plan_for
 
 
 ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",
-            "causal=false,topk=3", "window=512,dilation=2", "causal=false,window=30,dilation=5"]
-NOT_ELIGIBLE = [("window=512,sink=64", "sink=64"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
+            "causal=false,topk=3", "window=512,dilation=2", "causal=false,window=30,dilation=5", "window=512,sink=64",
+            "causal=false,window=8,sink=1"]
+NOT_ELIGIBLE = [("window=512,sink=65", "sink=65 > 64"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
                 ("window=512,dilation=2,sink=1", "dilation=2 with sink=1"), ("window=64,topk=2", "topk=2 with window"),
                 ("topk=2,block=64", "block=64"),
                 ("causal=false,global=16", "global=16")]
@@ -67,7 +68,7 @@ def test_the_backward_template_stays_out_of_the_triton_kernels_hash():
 
 
 @pytest.mark.parametrize("pattern", ELIGIBLE)
-def test_windows_without_sink_are_eligible(pattern):
+def test_windows_are_eligible(pattern):
     assert gluon.bwd_pattern_reason(_plan(pattern)) is None
 
 
@@ -82,8 +83,8 @@ def test_why_not_bwd_names_the_reason():
     q, k, v, _ = make_inputs(1, 4, 2, 64, 64, torch.float32, "cpu")
     plan = plan_for("window=16", q.device, q.dtype, 64, 4, 2, 64)
     assert "not a CUDA GPU" in gluon.why_not_bwd(plan, q, k, v)
-    plan = plan_for("0-1:window=16;2-3:window=8,sink=4", q.device, q.dtype, 64, 4, 2, 64)
-    assert gluon.why_not_bwd(plan, q, k, v).startswith("heads 2-3: sink=4")
+    plan = plan_for("0-1:window=16;2-3:window=8,sink=100", q.device, q.dtype, 64, 4, 2, 64)
+    assert gluon.why_not_bwd(plan, q, k, v).startswith("heads 2-3: sink=100")
     # query heads 0-2 and 3 of KV heads 0-1 (group 2): KV head 1 spans both groups
     plan = plan_for("0-2:window=16;3-3:window=8", q.device, q.dtype, 64, 4, 2, 64)
     assert "two head groups" in gluon.why_not_bwd(plan, q, k, v)
@@ -96,8 +97,8 @@ def test_describe_bwd_names_the_family_and_why(monkeypatch):
     monkeypatch.setenv(gluon.ENV, "1")
     line = gluon.describe_bwd([_plan("window=4096")], "9.0", torch.bfloat16, 128)
     assert line.startswith("backward kernels: gluon" if NAMES else "backward kernels: triton"), line
-    line = gluon.describe_bwd([_plan("window=64,sink=4")], "9.0", torch.bfloat16, 128)
-    assert line.startswith(f"backward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: sink=4")
+    line = gluon.describe_bwd([_plan("window=64,sink=100")], "9.0", torch.bfloat16, 128)
+    assert line.startswith(f"backward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: sink=100")
 
 
 @needs_api
@@ -118,13 +119,14 @@ def test_describe_bwd_says_which_calls_fuse(monkeypatch):
 
 def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
     """MSA_CODEGEN_GLUON=1 on a call the Gluon backward does not take (the interpreter on the
-    CPU, or a sink on a GPU): the Triton backward runs, one log line says why."""
+    CPU, or a sink longer than ``gluon.MAX_SINK`` on a GPU): the Triton backward runs, one log
+    line says why."""
     monkeypatch.setenv(gluon.ENV, "1")
     ran = []
     monkeypatch.setattr(gluon, "backward", lambda *a, **kw: ran.append(1))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    pattern = "window=16,sink=4"
-    q, k, v, _ = make_inputs(1, 2, 1, 70, 64, dtype, device)
+    pattern = "window=16,sink=65"
+    q, k, v, _ = make_inputs(1, 2, 1, 90, 64, dtype, device)
     with caplog.at_level(logging.WARNING, logger=gluon.__name__):
         for _ in range(2):
             dq, = torch.autograd.grad(msa.attention(q, k, v, pattern).sum(), (q,))
@@ -134,7 +136,7 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
     assert rel_err(dq, dq_ref) < FLOOR[dtype]
     lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__ and "backward" in r.getMessage()]
     assert len(lines) == 1 and "Triton backward runs" in lines[0], lines
-    assert "sink=4" in lines[0]   # the pattern is checked first, on any device
+    assert "sink=65" in lines[0]   # the pattern is checked first, on any device
 
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
@@ -369,9 +371,12 @@ def _model(pattern, documents=False):
                     lse2[:valid] = _rows_of(LSE2, b * s_b + h * s_h + qb * bm, valid)
                     delta[:valid] = _rows_of(DELTA, b * s_b + h * s_h + qb * bm, valid)
                     pt = torch.exp2(kt @ qt.T * qk_scale - lse2[None, :])
-                    if qb < full_lo or qb >= full_hi:
+                    key_tail = FUSE and j0 + bnc > N
+                    if qb < full_lo or qb >= full_hi or key_tail:
                         lo, hi = ns["_key_rows"](np.arange(j0, j0 + bnc), N, *doc)
                         pt = torch.where(torch.from_numpy(ns["_in_bounds"](lo, hi, o_q)).to(pt.device), pt, 0.0)
+                        if FUSE:   # keys past N read the next rows of the view: 0 for dQ
+                            pt[max(N - j0, 0):] = 0.0
                     dv += pt @ dot
                     dst = pt * (vt @ dot.T - delta[None, :])
                     dk += dst @ qt
@@ -414,7 +419,12 @@ def _model(pattern, documents=False):
 MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 257, 1, 4, 1, "bnhd"),
                ("window=1", 130, 2, 2, 2, "bnhd"), ("causal=false,window=500", 200, 1, 3, 1, "bhnd"),
                # dilated: each residue class of the rows a plain window on strided views
-               ("window=30,dilation=2", 400, 2, 4, 2, "bnhd"), ("causal=false,window=70,dilation=3", 390, 1, 3, 1, "bhnd")]
+               ("window=30,dilation=2", 400, 2, 4, 2, "bnhd"), ("causal=false,window=70,dilation=3", 390, 1, 3, 1, "bhnd"),
+               # a sink: the pairs outside the window by the sink pass (kernels/sink.py, Triton: the
+               # interpreter here), its dK / dV partial sums over several chunks of rows
+               ("window=127,sink=7", 300, 2, 4, 2, "bnhd"), ("window=20,sink=50", 200, 1, 2, 1, "bhnd"),
+               ("causal=false,window=63,sink=33", 257, 1, 4, 1, "bhnd"),
+               ("causal=false,window=10,sink=64", 130, 2, 2, 2, "bnhd")]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
@@ -565,7 +575,10 @@ GPU_CASES = [("window=256", 1000, 128, 4, 1, BF), ("window=4096", 8192, 128, 16,
              ("causal=false,window=300", 4133, 64, 16, 16, FP),
              # dilated: the residue classes of the rows (N a multiple of the dilation), each a plain window
              ("window=256,dilation=2", 1000, 128, 4, 1, BF), ("window=4096,dilation=2", 8192, 128, 16, 16, BF),
-             ("causal=false,window=300,dilation=4", 4132, 64, 16, 16, FP)]
+             ("causal=false,window=300,dilation=4", 4132, 64, 16, 16, FP),
+             # a sink: its pairs outside the window by the Triton sink pass (kernels/sink.py)
+             ("window=256,sink=64", 1000, 128, 4, 1, BF), ("window=4096,sink=64", 8192, 128, 16, 16, BF),
+             ("causal=false,window=300,sink=5", 4133, 64, 16, 16, FP), ("window=100,sink=37", 4133, 128, 4, 2, FP)]
 
 
 def _ids(cases):
