@@ -55,6 +55,7 @@ CASES = [
     Case("w4096-d2", "window=4096,dilation=2"),
     Case("w4096-d4", "window=4096,dilation=4"),
     Case("w4096-s64", "window=4096,sink=64"),
+    Case("w4096-d2-s64", "window=4096,dilation=2,sink=64"),   # the README's example
     Case("bidir-w512", "causal=false,window=512", n=65536),
     Case("gqa-w4096", "window=4096", hq=32, hkv=8),
     Case("d64-w4096", "window=4096", hq=32, hkv=32, d=64),

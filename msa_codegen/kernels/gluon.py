@@ -20,8 +20,10 @@ reason) (logger ``msa_codegen.kernels.gluon``: a warning under ``MSA_CODEGEN_GLU
 under the automatic choice). ``describe`` gives
 the same answer in words (``msa-codegen which``). Eligible: a CUDA GPU of capability 9.x, bf16 or
 fp16, head dim 64 or 128, every head group a plain window or dense pattern, causal or not, with
-or without ``sink``, a dilated window without one (a plain window on each residue class of the
-rows: one launch a class on strided views, ``_classes``, N a multiple of the dilation), the
+or without ``sink``, a dilated window (a plain window on each residue class of the rows: one
+launch a class on strided views, ``_classes``, N a multiple of the dilation; with a sink of at
+most ``MAX_SINK`` keys, its pairs outside the window merged after by a Triton pass,
+``_sink_fwd``), the
 window or dense terms over packed documents (``cu_seqlens``: each
 tile's band clipped to its rows' documents, ``doc_bounds``), or the ``topk=K`` term alone on
 128-blocks (``pattern_reason``: the producer loads the blocks a tile's row of ``block_indices``
@@ -54,6 +56,7 @@ depths); the launchers read them through the call's plan (``config``), or an ove
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import heapq
@@ -136,9 +139,9 @@ def _plain_dense(kplan: KernelPlan) -> bool:
 
 @functools.lru_cache(maxsize=256)   # asked on every call's route (launch._gluon_route)
 def _plain_window(kplan: KernelPlan) -> bool:
-    """A plain window plan the family runs (``pattern_reason``): with or without a sink, or
-    dilated without one (its residue classes as strided views, ``_classes``); no run-time rows,
-    top-k, global or random blocks."""
+    """A plain window plan the family runs (``pattern_reason``): with or without a sink, dilated
+    or not (its residue classes as strided views, ``_classes``); no run-time rows, top-k, global
+    or random blocks."""
     return kplan.has_window and not (kplan.positional or kplan.segments) and pattern_reason(kplan) is None
 
 
@@ -318,12 +321,14 @@ def pattern_reason(kplan: KernelPlan) -> str | None:
         return topk_reason(kplan)
     if kplan.has_window and kplan.dilation != 1:
         # a dilated window is a plain window on each residue class of the rows, which the
-        # launchers run as strided views (``_classes``); a sink's keys and a document's rows
-        # span the classes
-        for name, value in (("sink", kplan.sink), ("cu_seqlens", kplan.documents)):
-            if value:
-                return (f"dilation={kplan.dilation} with {name}{'=' + str(value) if name == 'sink' else ''} "
-                        f"(the residue classes run apart here)")
+        # launchers run as strided views (``_classes``); a document's rows span the classes, and
+        # a sink's keys too: its pairs outside the window run in a pass of their own
+        # (``_sink_fwd``), which holds the sink's keys in registers
+        if kplan.documents:
+            return f"dilation={kplan.dilation} with cu_seqlens (the residue classes run apart here)"
+        if kplan.sink > MAX_SINK:
+            return (f"dilation={kplan.dilation} with sink={kplan.sink} > {MAX_SINK} (the sink pass holds the "
+                    f"sink's keys in registers)")
     for name, value in (("global", kplan.global_), ("random", kplan.random), ("topk", kplan.topk)):
         if value:
             return f"{name}={value}"
@@ -611,7 +616,9 @@ def describe_bwd(groups, capability: str, dtype: torch.dtype, head_dim: int, gro
 def render(kplan: KernelPlan, direction: str = "fwd", names: dict | None = None) -> str:
     """The Gluon source of one head group's plan, its forward (``fwd``) or backward (``bwd``:
     dK/dV and dQ); raises ValueError when the plan is not eligible or this Triton's Gluon lacks
-    what the kernel needs. ``names``: the API names rendered in (default: ``api()``'s)."""
+    what the kernel needs. ``names``: the API names rendered in (default: ``api()``'s). A dilated
+    window with a sink renders the kernels its residue classes run (``_class_plan``: the window
+    alone; the sink's pairs are ``kernels/sink.py``'s)."""
     why = pattern_reason(kplan) if direction == "fwd" else bwd_pattern_reason(kplan)
     if why:
         what = "this plan" if direction == "fwd" else "this plan's backward"
@@ -622,8 +629,8 @@ def render(kplan: KernelPlan, direction: str = "fwd", names: dict | None = None)
             raise ValueError(why)
     meta = {"version": __version__, "triton": triton.__version__}
     template = TEMPLATE if direction == "fwd" else TEMPLATE_BWD
-    return _render._env().get_template(template).render(plan=kplan, meta=meta, api=names, maxnreg=MAXNREG,
-                                                          regs=REGS)
+    return _render._env().get_template(template).render(plan=_class_plan(kplan), meta=meta, api=names,
+                                                          maxnreg=MAXNREG, regs=REGS)
 
 
 def load(kplan: KernelPlan, direction: str = "fwd"):
@@ -1019,9 +1026,11 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
     stages = cfg.get("stages", RING[d])
     args = {}   # (dilation, class): its descriptors and row offsets, shared by the head groups
     for grp in plan.groups:
-        kern = load(grp.kernel_plan).msa_gluon_fwd
-        hs = grp.h1 - grp.h0
         dil = grp.kernel_plan.dilation
+        # a dilated window's classes run the window alone; its sink is merged after (``_sink_fwd``)
+        kplan = _class_plan(grp.kernel_plan)
+        kern = load(kplan).msa_gluon_fwd
+        hs = grp.h1 - grp.h0
         n_c = n // dil   # rows of a residue class (N is a multiple of the dilation: why_not)
         n_qb = -(-n_c // (2 * BLOCK_MC))
         tiles = b * hs * n_qb
@@ -1032,10 +1041,8 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             table = topk_rows(grp.spec, block_indices, n)
             targs = (table, table.stride(0), table.stride(1))
         programs = min(sms, tiles)
-        order, _ = order_for(cfg, grp.kernel_plan, n_qb, b * hs, programs, grp.h0 % group == 0 and hs % group == 0,
-                             group)
-        tl = (_tile_list_on(grp.kernel_plan, n_c, b * hs, programs, q.device) if order == LISTED
-              else direct.unused_pointer(q.device))
+        order, _ = order_for(cfg, kplan, n_qb, b * hs, programs, grp.h0 % group == 0 and hs % group == 0, group)
+        tl = _tile_list_on(kplan, n_c, b * hs, programs, q.device) if order == LISTED else direct.unused_pointer(q.device)
         # a class's LSE rows are strided in lse: the kernel writes them contiguous, copied after
         lse_c = lse if dil == 1 else torch.empty((b, hq, n_c), dtype=torch.float32, device=q.device)
         for c, views in enumerate(_classes(dil, q, k, v, o)):
@@ -1048,7 +1055,45 @@ def forward(q, k, v, plan, scale: float, block_indices: torch.Tensor | None = No
             )
             if dil > 1:
                 lse[:, grp.h0:grp.h1, c::dil] = lse_c[:, grp.h0:grp.h1]
+        if kplan is not grp.kernel_plan:
+            _sink_fwd(grp, q, k, v, o, lse, scale)
     return o, lse
+
+
+def _class_plan(kplan: KernelPlan) -> KernelPlan:
+    """The plan a residue class's launch runs: a dilated window's without its sink (a class's
+    rows do not hold the other classes' sink keys: ``_sink_fwd`` and ``_sink_pass`` add them);
+    any other plan as it is."""
+    if kplan.dilation > 1 and kplan.sink:
+        return dataclasses.replace(kplan, sink=0, prefix=0)
+    return kplan
+
+
+def _sink_chunks(rows: int, programs: int) -> tuple[int, int]:
+    """(chunk, chunks): ``rows`` cut into chunks of whole 64-row tiles so that ``programs``
+    (batch x heads) programs a chunk make about ``SINK_PROGRAMS`` in all."""
+    per = max(1, SINK_PROGRAMS // programs)
+    chunk = -(-rows // (per * 64)) * 64
+    return chunk, -(-rows // chunk)
+
+
+def _sink_fwd(grp, q, k, v, o, lse, scale: float) -> None:
+    """A dilated head group's sink pairs outside its window (``kernels/sink.py``, ``sink_fwd``):
+    merged into the rows' o and LSE (the classes' window attention) by their log-sum-exp, in
+    place (o rounded twice in its dtype: by the forward kernel, then here)."""
+    from . import sink as sink_kernels
+
+    kp = grp.kernel_plan
+    b, hq, n, d = q.shape
+    h0, hs = grp.h0, grp.h1 - grp.h0
+    chunk, chunks = _sink_chunks(n, b * hs)
+    direct.launch(
+        sink_kernels.sink_fwd, (chunks, b * hs), q, k, v, o, lse, *[x.stride(i) for x in (q, k, v, o) for i in range(3)],
+        lse.stride(0), lse.stride(1), h0, hs, hq // k.shape[1], n, chunk, scale * 1.4426950408889634,
+        SINK=kp.sink, WINDOW=kp.window, DILATION=kp.dilation, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64,
+        BLOCK_S=max(16, triton.next_power_of_2(kp.sink)), DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=8,   # sm_90, Triton 3.6: no spills at D=64 and 128 (4 warps spilled 75 / 75 at D=128)
+    )
 
 
 def _fwd_args(q, k, v, o) -> tuple[tuple, tuple]:
@@ -1111,7 +1156,7 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
         dil = grp.kernel_plan.dilation
         n_c = n // dil   # rows of a residue class (N is a multiple of the dilation: why_not_bwd)
         n_tiles = -(-n_c // BLOCK_N)
-        mod = load(grp.kernel_plan, "bwd")
+        mod = load(_class_plan(grp.kernel_plan), "bwd")   # a dilated window's sink: ``_sink_pass``
         hk0 = h0 // group
         hks = (h1 - 1) // group + 1 - hk0
         kv_args = q_args = doc
@@ -1150,9 +1195,15 @@ def backward(do, q, k, v, o, lse, dlse, plan, scale: float, block_indices: torch
                 delta.stride(0), delta.stride(1), *q_args, h0, hs, group, n_c, qk_scale, scale,
                 STAGES=stages, num_warps=4, maxnreg=MAXNREG,
             )
-        if grp.kernel_plan.sink:   # undilated (bwd_pattern_reason): one class, the whole tensors
-            a = shared[1, 0]
-            _sink_pass(grp, q, k, v, do, a["lse2"], a["delta"], dqa if fused else dq, dq, dk, dv, scale)
+        if grp.kernel_plan.sink:
+            if dil == 1:
+                lse2, delta = shared[1, 0]["lse2"], shared[1, 0]["delta"]
+            else:   # the classes' stats rows of the group's heads, in the rows' order
+                delta, lse2 = torch.empty((2, b, hq, n), dtype=torch.float32, device=q.device)
+                for c in range(dil):
+                    delta[:, h0:h1, c::dil] = shared[dil, c]["delta"][:, h0:h1]
+                    lse2[:, h0:h1, c::dil] = shared[dil, c]["lse2"][:, h0:h1]
+            _sink_pass(grp, q, k, v, do, lse2, delta, dqa if fused else dq, dq, dk, dv, scale)
     if fused:
         # the sink pass converted its heads' rows (``_sink_pass``)
         for h0, h1 in _spans([(g.h0, g.h1) for g in plan.groups if not g.kernel_plan.sink]):
@@ -1184,22 +1235,21 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     group = hq // k.shape[1]
     h0, hs = grp.h0, grp.h1 - grp.h0
     convert = dq_in is not dq
-    # rows that see a sink key outside their window: causal from row W on (bidirectional: any)
-    row0 = 0 if convert or not kp.causal else min(kp.window, n)
+    # rows that see a sink key outside their window: causal undilated from row W on (else any)
+    row0 = 0 if convert or not kp.causal or kp.dilation > 1 else min(kp.window, n)
     if row0 >= n:
         return
     bm, bs = 64, max(16, triton.next_power_of_2(kp.sink))
-    per = max(1, SINK_PROGRAMS // (b * hs))   # chunks a (batch, head)
-    chunk = -(-(n - row0) // (per * bm)) * bm
-    chunks = -(-(n - row0) // chunk)
+    chunk, chunks = _sink_chunks(n - row0, b * hs)
     parts = torch.empty((2, chunks, b * hs, bs, d), dtype=torch.float32, device=q.device)
     strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
     direct.launch(
         sink_kernels.sink_bwd, (chunks, b * hs), q, k, v, do, lse2, delta, dq_in, dq, parts[0], parts[1],
         *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
         h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
-        SINK=kp.sink, WINDOW=kp.window, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_S=bs,
-        CONVERT=convert, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8 if d > 64 else 4,
+        SINK=kp.sink, WINDOW=kp.window, DILATION=kp.dilation, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm,
+        BLOCK_S=bs, CONVERT=convert, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=8,   # sm_90, Triton 3.6: D=64 no spills (4 warps: 25-51 stores); D=128 49-73 stores (4: 335-416)
     )
     # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
     s = min(kp.sink, n)

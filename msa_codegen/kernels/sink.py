@@ -28,14 +28,92 @@ import triton.language as tl
 
 
 @triton.jit
+def _outside(o_i, o_s, m_i, m_s, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr):
+    """[rows, keys]: the sink pairs outside the window (rows and keys inside N and the sink):
+    delta = i - j; the window holds |delta| % DILATION == 0 and |delta| / DILATION < WINDOW
+    (causal: delta >= 0), the sink j <= i when causal."""
+    delta = o_i[:, None] - o_s[None, :]
+    if CAUSAL:
+        dist = delta
+        m_x = delta >= 0
+    else:
+        dist = tl.abs(delta)
+        m_x = dist >= 0
+    if DILATION == 1:
+        m_x = m_x & (dist >= WINDOW)
+    else:
+        m_x = m_x & ((dist % DILATION != 0) | (dist // DILATION >= WINDOW))
+    return m_x & m_i[:, None] & m_s[None, :]
+
+
+@triton.jit
+def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_lb, stride_lh,
+             H0, HS, GROUP, N, CHUNK, qk_scale,
+             SINK: tl.constexpr, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+             DOT_PREC: tl.constexpr):
+    # grid: (chunks of CHUNK rows, B * HS). O and LSE (natural log) hold the window's attention of
+    # the rows (the Gluon forward's); each row's sink pairs outside the window are merged into
+    # them by their log-sum-exp, in place. Rows as in sink_bwd.
+    i_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b = pid_bh // HS
+    i_h = H0 + pid_bh % HS
+    i_hk = i_h // GROUP
+    o_s = tl.arange(0, BLOCK_S)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    m_s = o_s < tl.minimum(SINK, N)
+    m_sd = m_s[:, None] & m_d[None, :]
+    p_k = K + tl.cast(i_b, tl.int64) * stride_kb + tl.cast(i_hk, tl.int64) * stride_kh
+    p_v = V + tl.cast(i_b, tl.int64) * stride_vb + tl.cast(i_hk, tl.int64) * stride_vh
+    b_k = tl.load(p_k + o_s[:, None] * stride_kn + o_d[None, :], mask=m_sd, other=0.0)
+    b_v = tl.load(p_v + o_s[:, None] * stride_vn + o_d[None, :], mask=m_sd, other=0.0)
+    p_q = Q + tl.cast(i_b, tl.int64) * stride_qb + tl.cast(i_h, tl.int64) * stride_qh
+    p_o = O + tl.cast(i_b, tl.int64) * stride_ob + tl.cast(i_h, tl.int64) * stride_oh
+    p_l = LSE + tl.cast(i_b, tl.int64) * stride_lb + tl.cast(i_h, tl.int64) * stride_lh
+    r_lo = i_c * CHUNK
+    r_hi = tl.minimum(r_lo + CHUNK, N)
+    for r0 in range(r_lo, r_hi, BLOCK_M):
+        o_i = r0 + tl.arange(0, BLOCK_M)
+        m_i = o_i < r_hi
+        m_id = m_i[:, None] & m_d[None, :]
+        o_row = o_i[:, None].to(tl.int64)
+        b_q = tl.load(p_q + o_row * stride_qn + o_d[None, :], mask=m_id, other=0.0)
+        # [BLOCK_M, BLOCK_S] scores in log2 units, -inf outside the sink's extra pairs
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
+        b_s = tl.where(_outside(o_i, o_s, m_i, m_s, WINDOW, DILATION, CAUSAL), b_s, float("-inf"))
+        r_mx = tl.max(b_s, 1)
+        r_mx_safe = tl.where(r_mx == float("-inf"), 0.0, r_mx)
+        b_p = tl.exp2(b_s - r_mx_safe[:, None])
+        r_lx = tl.sum(b_p, 1)
+        b_ox = tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        # merge: the window's (o_w, lse_w) and the extra pairs' (b_ox / r_lx, r_mx + log2 r_lx)
+        r_lw = tl.load(p_l + o_i, mask=m_i, other=float("-inf")) * 1.4426950408889634
+        r_m = tl.maximum(r_lw, tl.where(r_lx > 0, r_mx_safe, float("-inf")))
+        r_m = tl.where(r_m == float("-inf"), 0.0, r_m)
+        r_aw = tl.exp2(r_lw - r_m)              # 0 where the window saw nothing
+        r_ax = tl.exp2(r_mx_safe - r_m)         # scales b_p's rows
+        r_den = r_aw + r_ax * r_lx
+        r_inv = tl.where(r_den > 0, 1.0 / r_den, 0.0)
+        b_o = tl.load(p_o + o_row * stride_on + o_d[None, :], mask=m_id, other=0.0).to(tl.float32)
+        b_o = (b_o * r_aw[:, None] + b_ox * r_ax[:, None]) * r_inv[:, None]
+        tl.store(p_o + o_row * stride_on + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_id)
+        r_lse = tl.where(r_den > 0, (r_m + tl.log2(tl.where(r_den > 0, r_den, 1.0))) * 0.6931471805599453,
+                         float("-inf"))
+        tl.store(p_l + o_i, r_lse, mask=m_i)
+
+
+@triton.jit
 def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
              stride_dob, stride_doh, stride_don, stride_lb, stride_lh,
              stride_ib, stride_ih, stride_in, stride_ob, stride_oh, stride_on,
              H0, HS, GROUP, N, ROW0, CHUNK, qk_scale, sm_scale,
-             SINK: tl.constexpr, WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, CONVERT: tl.constexpr,
-             DOT_PREC: tl.constexpr):
+             SINK: tl.constexpr, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+             CONVERT: tl.constexpr, DOT_PREC: tl.constexpr):
     # grid: (chunks of CHUNK rows from ROW0, B * HS). Query head h = H0 + pid % HS reads KV head
     # h // GROUP. Rows of q, do, dq: (b, h, i) at b * stride_xb + h * stride_xh + i * stride_xn, the
     # last dim contiguous; LSE2 / DELTA rows at (stride_lb, stride_lh). PK / PV: fp32
@@ -68,7 +146,13 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     for r0 in range(r_lo, r_hi, BLOCK_M):
         # does a row of [r0, r0 + BLOCK_M) see a sink key outside its window?
         r_last = tl.minimum(r0 + BLOCK_M, N) - 1
-        if CAUSAL:
+        if DILATION > 1:
+            # a row sees sink keys of other residue classes: causal from row 1 (key 0), else all
+            if CAUSAL:
+                extra = r_last >= 1
+            else:
+                extra = r_last >= 0
+        elif CAUSAL:
             extra = r_last - WINDOW >= 0
         else:
             extra = (r_last >= WINDOW) | (last_key - r0 >= WINDOW)
@@ -84,12 +168,7 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
                 b_lse2 = tl.load(LSE2 + s_row + o_i, mask=m_i, other=0.0)
                 b_delta = tl.load(DELTA + s_row + o_i, mask=m_i, other=0.0)
                 # [BLOCK_M, BLOCK_S] the sink pairs outside the window
-                delta_ij = o_i[:, None] - o_s[None, :]
-                if CAUSAL:
-                    m_x = delta_ij >= WINDOW
-                else:
-                    m_x = (delta_ij >= WINDOW) | (delta_ij <= -WINDOW)
-                m_x = m_x & m_i[:, None] & m_s[None, :]
+                m_x = _outside(o_i, o_s, m_i, m_s, WINDOW, DILATION, CAUSAL)
                 b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
                 b_p = tl.where(m_x, tl.exp2(b_s * qk_scale - b_lse2[:, None]), 0.0)
                 b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)

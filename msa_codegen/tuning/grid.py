@@ -5,7 +5,7 @@
     python -m msa_codegen.tuner.grid --db grid.db --export tuning.db
     python -m msa_codegen.tuner.grid --compare [--db FILE] [--rounds 5] [--budget-s S]
 
-The grid (issue 20) is the shapes people run, 43 entries in priority order: the single-sequence
+The grid (issue 20) is the shapes people run, 44 entries in priority order: the single-sequence
 benchmark cases of ``msa-bench`` first (their 1M case tuned at 524288; its B=8 encoder cases are
 the encoder family's entries), then typical configurations of current
 model families (``FAMILIES``), bf16, each at the buckets it is run at (4k, 8k, 32k, 128k; 512k

@@ -31,8 +31,9 @@ from msa_codegen.plan import plan_for
 
 ELIGIBLE = ["causal", "causal=false", "window=4096", "window=1", "causal=false,window=300", "window=512,sink=64",
             "causal=false,window=200,sink=100", "topk=16", "causal=false,topk=3", "topk=64,block=128",
-            "window=512,dilation=2", "causal=false,window=300,dilation=3"]
-NOT_ELIGIBLE = [("window=512,dilation=2,sink=4", "dilation=2 with sink=4 (the residue classes run apart here)"),
+            "window=512,dilation=2", "causal=false,window=300,dilation=3", "window=512,dilation=2,sink=4"]
+NOT_ELIGIBLE = [("window=512,dilation=2,sink=65",
+                 "dilation=2 with sink=65 > 64 (the sink pass holds the sink's keys in registers)"),
                 ("causal=false,global=16", "global=16"),
                 ("window=64,random=2", "random=2"),
                 ("window=64,topk=2", "topk=2 with window (the family runs the top-k term alone)"),
@@ -48,7 +49,9 @@ NOT_ELIGIBLE = [("window=512,dilation=2,sink=4", "dilation=2 with sink=4 (the re
 def test_render_is_deterministic_python_and_specialised_by_the_plan():
     sources = {p: gluon.render(_plan(p)) for p in ELIGIBLE}
     assert all(gluon.render(_plan(p)) == s for p, s in sources.items())   # same plan, same text
-    assert len(set(sources.values())) == len(ELIGIBLE)                    # every plan its own text
+    # every plan its own text, but a dilated window with a sink: its classes run the window alone
+    assert len(set(sources.values())) == len(ELIGIBLE) - 1
+    assert sources["window=512,dilation=2,sink=4"] == sources["window=512,dilation=2"]
     for p, src in sources.items():
         ast.parse(src)
         assert src.startswith("# generated from msa_codegen/templates/gluon/fwd.py.jinja"), p
@@ -526,8 +529,9 @@ def test_a_cpu_call_is_not_eligible_and_says_why():
     q, k, v, _ = make_inputs(1, 2, 1, 64, 64, torch.float32, "cpu")
     plan = plan_for("window=16", q.device, q.dtype, 64, 2, 1, 64)
     assert "not a CUDA GPU" in gluon.why_not(plan, q, k, v, 0.125)
-    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2,sink=1", q.device, q.dtype, 64, 2, 1, 64)
-    assert gluon.why_not(plan, q, k, v, 0.125) == "heads 1-1: dilation=2 with sink=1 (the residue classes run apart here)"
+    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2,sink=65", q.device, q.dtype, 64, 2, 1, 64)
+    assert gluon.why_not(plan, q, k, v, 0.125) == ("heads 1-1: dilation=2 with sink=65 > 64 (the sink pass holds "
+                                                   "the sink's keys in registers)")
 
 
 def test_a_dilated_window_runs_its_residue_classes_as_strided_views():
@@ -562,7 +566,7 @@ def test_a_dilated_window_runs_its_residue_classes_as_strided_views():
 def _forward_model(kplan):
     """The forward kernel as float64 PyTorch over what the launcher passes (the descriptors' 2-D
     views, the row offsets, LSE contiguous over the launch's N): every row of its heads against
-    the plan's window (no sink: the model's plans have none). Runs once per launch."""
+    the plan's window and sink, in the launch's row coordinates. Runs once per launch."""
     def kernel(grid):
         def launch(qd, kd, vd, od, O, LSE, q_b, q_h, q_hc, k_b, k_h, k_hc, v_b, v_h, v_hc, o_b, o_h, o_hc, o_sn, TL,
                    H0, HS, HQ, GROUP, N, n_tiles, qk_scale, **kw):
@@ -571,7 +575,7 @@ def _forward_model(kplan):
             d, scale = O.shape[3], qk_scale / 1.4426950408889634
             rows = torch.arange(N)
             delta = rows[:, None] - rows[None, :]
-            vis = (delta.abs() < kplan.window) & ((delta >= 0) if kplan.causal else True)
+            vis = ((delta.abs() < kplan.window) | (rows[None, :] < kplan.sink)) & ((delta >= 0) if kplan.causal else True)
             flat = lambda desc: desc.base.as_strided(desc.shape, desc.strides)   # noqa: E731
             qv, kv, vv, ov = (flat(x) for x in (qd, kd, vd, od))
             for b in range(n_tiles // (HS * -(-N // 128))):
@@ -590,7 +594,10 @@ def _forward_model(kplan):
 
 @pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", [
     ("window=30,dilation=2", 400, 2, 4, 2, "bnhd"), ("causal=false,window=70,dilation=3", 390, 1, 3, 1, "bhnd"),
-    ("0-1:window=16;2-3:causal=false,window=8,dilation=4", 96, 2, 4, 2, "bhnd")])
+    ("0-1:window=16;2-3:causal=false,window=8,dilation=4", 96, 2, 4, 2, "bhnd"),
+    # a sink: the classes run the window alone, the sink pass (Triton: the interpreter) merges the rest
+    ("window=30,dilation=2,sink=5", 400, 2, 4, 2, "bnhd"), ("causal=false,window=20,dilation=3,sink=64", 390, 1, 3, 1, "bhnd"),
+    ("0-1:window=16,sink=3;2-3:causal=false,window=8,dilation=4,sink=9", 96, 2, 4, 2, "bhnd")])
 def test_the_forward_launcher_runs_the_residue_classes_through_a_model(monkeypatch, pattern, n, b, hq, hkv, layout):
     """gluon.forward with its kernel replaced by a float64 model that reads and writes exactly
     what the launcher passes: a dilated group's residue classes (one launch each, strided views,
@@ -599,7 +606,8 @@ def test_the_forward_launcher_runs_the_residue_classes_through_a_model(monkeypat
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     launches = []
-    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": launches.append(kplan.dilation)
+    # a dilated class's launch runs its window without the sink (whose keys are other classes' rows)
+    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": launches.append((kplan.dilation, kplan.sink))
                         or _forward_model(kplan))
     monkeypatch.setattr(gluon, "_sm_count", lambda index: 8)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -609,7 +617,7 @@ def test_the_forward_launcher_runs_the_residue_classes_through_a_model(monkeypat
     with torch.no_grad():
         out, lse = gluon.forward(q, k, v, plan, 0.125)
     ref, ref_lse = msa.reference_attention(*(x.detach().double() for x in (q, k, v)), pattern, 0.125, return_lse=True)
-    assert launches == [grp.kernel_plan.dilation for grp in plan.groups]
+    assert launches == [(kp.dilation, 0 if kp.dilation > 1 else kp.sink) for kp in (g.kernel_plan for g in plan.groups)]
     assert out.stride() == q.stride()
     assert rel_err(out, ref) < FLOOR[torch.float32], f"seed {seed}"
     assert (lse.double() - ref_lse).abs().max().item() < 1e-4, f"seed {seed}"
@@ -697,7 +705,7 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
     dense forward at D=128; not the other terms; the variable overrides it both ways."""
     topk, window = [_plan("topk=16")], [_plan("window=4096")]
     docs = [_plan("window=4096", documents=True), _plan("causal", documents=True)]
-    others = [_plan(p) for p in ("window=4096,dilation=2,sink=8", "causal=false,window=256,global=2",
+    others = [_plan(p) for p in ("window=4096,dilation=2,sink=80", "causal=false,window=256,global=2",
                                  "causal=false,window=64,random=2")]
     monkeypatch.delenv(gluon.ENV, raising=False)
     assert not gluon.requested()
@@ -708,7 +716,8 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
         assert gluon.requested(docs) == auto and gluon.requested(topk + docs[:1]) == auto, version
         # plain windows, causal or not, with a sink, mixed with the other automatic plans, both directions
         for plans in (window, [_plan("causal=false,window=512")], [_plan("window=4096,sink=64")], docs + window,
-                      topk + window, [_plan("window=4096,dilation=2")], window + [_plan("causal=false,window=64,dilation=4")]):
+                      topk + window, [_plan("window=4096,dilation=2")], window + [_plan("causal=false,window=64,dilation=4")],
+                      [_plan("window=4096,dilation=2,sink=64")]):
             assert gluon.requested(plans, 16384, head_dim=64) == auto, (version, plans)
             assert gluon.requested(plans, 16384, backward=True, head_dim=64) == auto, (version, plans)
         for plan in others:
@@ -829,9 +838,9 @@ def test_describe_names_the_family_and_why(monkeypatch):
     monkeypatch.setenv(gluon.ENV, "1")
     line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
-    line = gluon.describe([_plan("window=64,dilation=2,sink=2")], "9.0", torch.bfloat16, 128)
-    assert line == (f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2 with sink=2 "
-                    "(the residue classes run apart here))")
+    line = gluon.describe([_plan("window=64,dilation=2,sink=65")], "9.0", torch.bfloat16, 128)
+    assert line == (f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2 with sink=65 "
+                    "> 64 (the sink pass holds the sink's keys in registers))")
     assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
     # a dilated window: with the call's N (which --seqlen), whether its residue classes divide it
     dilated = [_plan("window=64,dilation=2")]
@@ -868,7 +877,8 @@ def test_dense_patterns_route_to_the_faster_forward(monkeypatch, pattern, d, slo
 
 def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, device):
     """MSA_CODEGEN_GLUON=1 on a call the family does not take (here: the interpreter on the CPU,
-    or a dilated window with a sink on a GPU): the Triton forward runs, one log line says why."""
+    or a dilated window with a sink over ``gluon.MAX_SINK`` keys on a GPU): the Triton forward
+    runs, one log line says why."""
     monkeypatch.setenv(gluon.ENV, "1")
     ran = []
     monkeypatch.setattr(gluon, "forward", lambda *a, **kw: ran.append(1))
@@ -876,9 +886,9 @@ def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, d
     q, k, v, _ = make_inputs(1, 2, 1, 70, 64, dtype, device)
     with caplog.at_level(logging.WARNING, logger=gluon.__name__):
         for _ in range(2):
-            out = msa.attention(q, k, v, "window=16,dilation=2,sink=3")
+            out = msa.attention(q, k, v, "window=16,dilation=2,sink=65")
     assert not ran
-    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2,sink=3")) < FLOOR[dtype]
+    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2,sink=65")) < FLOOR[dtype]
     lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__]
     assert len(lines) == 1 and "dilation=2" in lines[0] and "Triton forward runs" in lines[0], lines
 
@@ -976,7 +986,10 @@ GPU_CASES = ([("window=4096", *s) for s in _SHAPES] + [("causal", *s) for s in _
              + [("causal=false", _SHAPES[0][0], 64, 4, 1, BF)]
              # dilated windows: the residue classes of the rows as strided views (N a multiple of d)
              + [("window=256,dilation=2", 1000, 128, 4, 1, BF), ("window=512,dilation=2", 8192, 128, 16, 16, BF),
-                ("causal=false,window=300,dilation=4", 4096 + 36, 64, 16, 16, FP)])
+                ("causal=false,window=300,dilation=4", 4096 + 36, 64, 16, 16, FP)]
+             # and a sink: its pairs outside the window merged into the classes' rows (kernels/sink.py)
+             + [("window=256,dilation=2,sink=64", 1000, 128, 4, 1, BF),
+                ("causal=false,window=300,dilation=3,sink=5", 4096 + 38, 64, 16, 16, FP)])
 
 
 def _ids(cases):
@@ -1081,7 +1094,8 @@ def test_gpu_topk_attention_with_the_variable(monkeypatch):
 
 
 BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300,sink=64", 1000, 64, 16, 16, FP),
-             ("window=256,dilation=2", 4096 + 38, 128, 4, 1, BF)]
+             ("window=256,dilation=2", 4096 + 38, 128, 4, 1, BF), ("window=256,dilation=2,sink=16", 4096 + 38, 128, 4, 1, BF),
+             ("window=256,sink=100", 1000, 128, 4, 1, BF)]
 
 
 @pytest.mark.gpu
@@ -1090,8 +1104,9 @@ BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300
 @pytest.mark.parametrize("pattern,n,d,hq,hkv,dtype", BWD_CASES, ids=_ids(BWD_CASES))
 def test_gpu_attention_forward_backward_with_the_variable(monkeypatch, pattern, n, d, hq, hkv, dtype):
     """msa_codegen.attention with MSA_CODEGEN_GLUON=1: the Gluon forward runs (spied), and the
-    backward on its o and LSE gives the reference gradients (Gluon's for the window, Triton's for
-    the sink, which the Gluon backward does not take)."""
+    backward on its o and LSE gives the reference gradients (Gluon's, with the sink pass for a
+    sink; Triton's for a sink over ``gluon.MAX_SINK`` keys, which the Gluon backward does not
+    take)."""
     monkeypatch.setenv(gluon.ENV, "1")
     calls = []
     real = gluon.forward
@@ -1173,11 +1188,11 @@ def test_gpu_random_patterns_shapes_and_layouts():
         dil = 1
         if rng.random() < 0.8:
             terms.append(f"window={rng.choice([1, 64, 200, 1000])}")
-            if rng.random() < 0.5:
-                terms.append(f"sink={rng.choice([1, 64, 300])}")
-            elif rng.random() < 0.5:   # dilated: its residue classes, N a multiple of the dilation
+            if rng.random() < 0.4:   # dilated: its residue classes, N a multiple of the dilation
                 dil = rng.choice([2, 3, 4])
                 terms.append(f"dilation={dil}")
+            if rng.random() < 0.5:   # a sink: in the kernel, or (dilated) by the sink pass
+                terms.append(f"sink={rng.choice([1, 64, 300] if dil == 1 else [1, 17, 64])}")
         pattern = ",".join(terms)
         n, d = dil * rng.randrange(1, 3000 // dil), rng.choice([64, 128])
         hkv = rng.choice([1, 2])

@@ -43,12 +43,14 @@ def test_the_gluon_hash_keys_each_direction_apart_from_the_triton_kernels():
     assert kernel_hash(WINDOW) not in (fwd, bwd)
     assert keys.gluon_hash("window=4096", "fwd") == keys.gluon_hash("causal,window=4096", "fwd")   # canonical
     assert keys.gluon_hash("window=2048", "fwd") != fwd                                           # another plan
-    # a direction the family cannot run has no hash: the sink's backward is Triton's
-    assert keys.gluon_hash("window=4096,sink=64", "fwd") and keys.gluon_hash("window=4096,sink=64", "bwd") is None
-    assert keys.gluon_hash("window=4096,dilation=2,sink=64", "fwd") is None
-    # a dilated window runs the plain window's kernels on its residue classes: the same code (its
-    # rows stay apart by their pattern)
+    # a direction the family cannot run has no hash: a sink over 64 keys runs the Triton backward
+    assert keys.gluon_hash("window=4096,sink=80", "fwd") and keys.gluon_hash("window=4096,sink=80", "bwd") is None
+    # a dilated window runs the plain window's kernels on its residue classes, with a sink too
+    # (the sink's pairs outside the window are a Triton pass's); a sink's backward runs the
+    # window's kernels: the same code (their rows stay apart by their pattern)
     assert keys.gluon_hash("window=4096,dilation=2", "fwd") == keys.gluon_hash("window=4096", "fwd")
+    assert keys.gluon_hash("window=4096,dilation=2,sink=64", "fwd") == fwd
+    assert keys.gluon_hash("window=4096,dilation=2,sink=64", "bwd") == keys.gluon_hash("window=4096,sink=64", "bwd") == bwd
     assert keys.is_current(WINDOW, keys.triton_version(), fwd) and keys.is_current(WINDOW, keys.triton_version(), bwd)
     assert not keys.is_current(WINDOW, keys.triton_version(), "gluon-0000000000000000")
 
