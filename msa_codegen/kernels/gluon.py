@@ -101,6 +101,9 @@ BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,6
 MAX_SINK = 64
 #: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
 SINK_PROGRAMS = 512
+#: the backward's sink pass, query rows a tile by head dim: sm_90, Triton 3.6, 8 warps, a 64-key
+#: sink: no spills at D=64 with 64 rows, at D=128 with 32 (64 rows: 50 / 44 spill stores / loads)
+SINK_BWD_ROWS = {64: 64, 128: 32}
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -1239,7 +1242,7 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     row0 = 0 if convert or not kp.causal or kp.dilation > 1 else min(kp.window, n)
     if row0 >= n:
         return
-    bm, bs = 64, max(16, triton.next_power_of_2(kp.sink))
+    bm, bs = SINK_BWD_ROWS[d], max(16, triton.next_power_of_2(kp.sink))
     chunk, chunks = _sink_chunks(n - row0, b * hs)
     parts = torch.empty((2, chunks, b * hs, bs, d), dtype=torch.float32, device=q.device)
     strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
@@ -1249,7 +1252,7 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
         h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
         SINK=kp.sink, WINDOW=kp.window, DILATION=kp.dilation, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm,
         BLOCK_S=bs, CONVERT=convert, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=8,   # sm_90, Triton 3.6: D=64 no spills (4 warps: 25-51 stores); D=128 49-73 stores (4: 335-416)
+        num_warps=8,   # sm_90, Triton 3.6: 4 warps spilled (25-51 stores at D=64, 286-416 at D=128)
     )
     # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
     s = min(kp.sink, n)

@@ -171,11 +171,11 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
                 m_x = _outside(o_i, o_s, m_i, m_s, WINDOW, DILATION, CAUSAL)
                 b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
                 b_p = tl.where(m_x, tl.exp2(b_s * qk_scale - b_lse2[:, None]), 0.0)
-                b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-                b_ds = b_p * (b_dp - b_delta[:, None])
                 b_dv += tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, input_precision=DOT_PREC)
-                b_dk += tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, input_precision=DOT_PREC)
-                b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, input_precision=DOT_PREC) * sm_scale
+                b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+                b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)
+                b_dq += tl.dot(b_ds, b_k, input_precision=DOT_PREC) * sm_scale
+                b_dk += tl.dot(tl.trans(b_ds), b_q, input_precision=DOT_PREC)
             tl.store(p_out + o_row * stride_on + o_d[None, :], b_dq.to(DQ_OUT.dtype.element_ty), mask=m_id)
     part = (tl.cast(i_c, tl.int64) * tl.num_programs(1) + pid_bh) * (BLOCK_S * BLOCK_D)
     o_sd = o_s[:, None] * BLOCK_D + o_d[None, :]

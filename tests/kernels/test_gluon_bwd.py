@@ -465,6 +465,15 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
         assert err < FLOOR[torch.float32], f"{name}: {err:.2e}, seed {seed}"
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
+def test_the_sink_pass_at_32_rows_a_tile(monkeypatch, device, fused):
+    """The sink pass with the 32-row tiles it takes at D=128 (``gluon.SINK_BWD_ROWS``), through
+    the same model, at D=64."""
+    monkeypatch.setitem(gluon.SINK_BWD_ROWS, 64, 32)
+    test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, "window=95,sink=40", 230, 2, 4, 2, "bnhd",
+                                                     fused)
+
+
 MODEL_DOC_CASES = [("window=100", 300, 4, 2, "bhnd", 80), ("causal", 257, 2, 1, "bnhd", 120),
                    ("causal=false,window=70", 200, 3, 1, "bhnd", 60), ("causal=false", 200, 2, 2, "bnhd", 100)]
 
