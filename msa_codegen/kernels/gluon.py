@@ -205,7 +205,10 @@ def auto_reason(kplans, n: int | None = None, backward: bool = False, head_dim: 
     0.80x, 15 shapes from B=8 N=4096 D=64 to N=32768 D=128 0.75-1.00x / 0.73-1.00x, the short
     encoder rows (B=8, N=4096-8192, D=64) through ``attention`` 0.83-0.85x forward+backward;
     dilated windows (H100, 2026-12-06, msa-bench) ``window=4096,dilation=2`` 0.83x / 0.74x,
-    ``dilation=4`` 0.81x / 0.77x.
+    ``dilation=4`` 0.81x / 0.77x; with ``sink=64`` 0.88x / 0.75x (H100, 2026-12-06); the Gluon
+    backward of ``window=4096,sink=64`` (the sink pass) 0.86x the Triton backward's
+    forward+backward time through ``attention``, equal (1.00x) at ``causal=false,window=256,sink=4``
+    B=8 N=4096 D=64.
     Their backward is fused where the call need not be deterministic and the fp32 dQ copy is
     small enough (``fused_reason``), two Gluon kernels otherwise. Calls of plain windows alone
     under ``WINDOW_MIN_FLOPS`` of forward work (``flops``, ``window_flops``; a dilated window's
