@@ -1,4 +1,4 @@
-"""The sink's share of the Gluon backward (issue 22): a Triton kernel for the (query, key) pairs
+"""The sink's share of the Gluon family (issue 22): Triton kernels for the (query, key) pairs
 that a sink adds to a window.
 
 A causal or bidirectional window with ``sink=S`` sees key j from query i when j is in i's window
@@ -6,10 +6,16 @@ or j < S. The backward is a sum over visible pairs, each pair's terms computed f
 forward's LSE and delta (``msa_bwd_pre``): dQ_i += dS_ij K_j, dK_j += dS_ij Q_i, dV_j += P_ij dO_i.
 So it splits over any partition of the pairs. The Gluon dK/dV and dQ kernels, rendered from the
 sink plan, tile the window's band and take its pairs (the sink keys' in-window pairs among them);
-``sink_bwd`` here takes the rest, the sink pairs outside the window:
+``sink_bwd`` here takes the rest, the sink pairs outside the window (``_outside``; d the
+dilation, delta = i - j):
 
-    causal:        j < S and j <= i - W
-    bidirectional: j < S and |i - j| >= W
+    causal:        j < S, delta >= 0, and delta % d != 0 or delta / d >= W
+    bidirectional: j < S, and |delta| % d != 0 or |delta| / d >= W
+
+The forward of an undilated window holds its sink in the Gluon kernel. A dilated window's
+residue classes run the window alone (a class's rows do not hold the other classes' sink keys),
+and ``sink_fwd`` merges each row's sink pairs outside the window into its o and LSE by their
+log-sum-exp, in place.
 
 Every query contributes to the sink keys' dK / dV, so their sums run over the whole sequence:
 one program per (chunk of rows, batch x query head), all S <= ``gluon.MAX_SINK`` sink keys resident,
