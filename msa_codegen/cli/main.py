@@ -172,8 +172,13 @@ def _render_gluon(pat, args) -> int:
                   else _gluon_family.bwd_pattern_reason(kplan) if bwd else _gluon_family.pattern_reason(kplan))
         if reason:
             print(f"# {group.spec}: no Gluon kernel ({reason}); the Triton kernels run it")
-        else:
-            print(_gluon_family.render(kplan, args.direction), end="")
+            continue
+        if kplan.sink and (bwd or kplan.dilation > 1):
+            runs = "each residue class of the rows runs the window's kernel below, then" if kplan.dilation > 1 else \
+                "the kernels below take the window's pairs (with the sink keys' inside it), then"
+            print(f"# {group.spec}: {runs} a Triton pass (msa_codegen/kernels/sink.py, "
+                  f"{'sink_bwd' if bwd else 'sink_fwd'}) {'adds' if bwd else 'merges'} the sink's pairs outside the window")
+        print(_gluon_family.render(kplan, args.direction), end="")
     return 0
 
 

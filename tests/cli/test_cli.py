@@ -222,6 +222,12 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     if gluon.api()[0] is not None:
         assert "# generated from msa_codegen/templates/gluon/bwd.py.jinja" in p.stdout
         assert "def msa_gluon_bwd_dkdv(" in p.stdout and "def msa_gluon_bwd_dq(" in p.stdout
+    # a sink's pairs outside the window: the Triton pass named beside the kernels it follows
+    for pattern, direction, name in (("window=64,sink=8", "bwd", "sink_bwd"), ("window=64,dilation=2,sink=8", "fwd",
+                                                                              "sink_fwd")):
+        p = _ok(run([*CODEGEN, "render", "--pattern", pattern, "--family", "gluon", "--direction", direction], tmp_path))
+        assert any(line.startswith(f"# {pattern}: ") and f"kernels/sink.py, {name})" in line
+                   for line in p.stdout.splitlines()), (pattern, p.stdout[:600])
     which = ["which", "--pattern", "window=4096", "--seqlen", "4096", "--head-dim", "128", "--dtype", "bf16",
              "--gpu", "h200"]
     p = _ok(run([*CODEGEN, *which], tmp_path, MSA_CODEGEN_GLUON="0"))
