@@ -22,7 +22,7 @@ tiles a query tile). Each round starts at the next variant. One table last. How 
 ``--direction bwd``: the same for ``templates/gluon/bwd.py.jinja``. Each variant's fused backward
 (``kernels.gluon.backward(..., fused=True)``) is checked against the float64 reference's
 gradients (``window=256`` and ``causal=false,window=300``, N=1000), then timed on the cases the
-Gluon backward takes (no sink, no dense), beside the tree's two-kernel backward. The fused
+Gluon backward takes (not dense ones; a sink's pass runs beside the kernels), beside the tree's two-kernel backward. The fused
 backward's first variants (2026-12-04, morning) were measured by a script outside the tree with
 this logic; this option first ran on a GPU that afternoon (docs/performance.md: the dS barrier).
 """
@@ -49,7 +49,7 @@ CASES = [("window=4096", 1, 16, 131072, 128), ("causal", 1, 16, 16384, 128),
          ("window=4096", 1, 32, 131072, 64), ("topk=16", 1, 16, 131072, 128),
          ("window=4096", 1, 16, 131072, 128, 16000), ("window=512", 1, 16, 65536, 128)]
 CHECKS = [("window=256", 1000), ("causal", 1000)]
-#: --direction bwd: the checks' patterns (the Gluon backward's: windows without sink)
+#: --direction bwd: the checks' patterns (windows the Gluon backward takes)
 BWD_CHECKS = [("window=256", 1000), ("causal=false,window=300", 1000)]
 
 

@@ -4,7 +4,8 @@
                                                   [--directions fwd,bwd] [--documents]
 
 One JSON line per (pattern, dtype, head dim, kernel: fwd, or the backward's dkdv and dq; the
-backward's patterns are the windows without sink, the others are skipped): shared bytes (the kernel's, sm_90 allows 232,448),
+backward's patterns are those the Gluon backward takes, the others are skipped; a sink's pass is
+plain Triton, not compiled here): shared bytes (the kernel's, sm_90 allows 232,448),
 registers a thread at launch, the cubin's stack bytes and its spill stores / loads (STL / LDL,
 ``gluon_probe._ptxas_regs``: cuobjdump on the cubin). Run it in a process without
 TRITON_INTERPRET, with the Triton the GPU runs (the H200 image: 3.6). ``--documents``: the
