@@ -144,15 +144,15 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
 
-def _tiling(pattern: str, documents: bool = False) -> dict:
-    """The rendered backward's tile helpers executed as Python over NumPy (``documents``: the
-    plan of a call with cu_seqlens)."""
+def _tiling(pattern, documents: bool = False) -> dict:
+    """The rendered backward's tile helpers executed as Python over NumPy (``pattern``: its first
+    head group's plan, or a KernelPlan; ``documents``: the plan of a call with cu_seqlens)."""
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     helpers = ("_dkdv_bounds", "_key_rows", "_dq_bounds", "_query_keys", "_in_bounds", "_dkdv_list", "_dkdv_tile",
                "_table_row")
-    return rendered_helpers(gluon.render(_plan(pattern, documents), "bwd"), helpers, ("WINDOW", "SLOTS"),
-                            "<gluon bwd tiling>")
+    kplan = _plan(pattern, documents) if isinstance(pattern, str) else pattern
+    return rendered_helpers(gluon.render(kplan, "bwd"), helpers, ("WINDOW", "SLOTS"), "<gluon bwd tiling>")
 
 
 def _check_tiling(pattern, n, note="", docs=None):
@@ -430,7 +430,11 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
                ("causal=false,window=10,sink=64", 130, 2, 2, 2, "bnhd"),
                # a dilated window's sink: the classes' stats rows gathered in the rows' order for the pass
                ("window=30,dilation=2,sink=5", 400, 2, 4, 2, "bnhd"),
-               ("causal=false,window=20,dilation=3,sink=64", 390, 1, 3, 1, "bhnd")]
+               ("causal=false,window=20,dilation=3,sink=64", 390, 1, 3, 1, "bhnd"),
+               # head groups: a sink's beside a plain window's (the fused form converts the sink
+               # group's dQ in its pass and copies the others'), a dilated one's with a sink
+               ("0-1:window=30,sink=5;2-3:causal=false,window=20", 200, 2, 4, 2, "bnhd"),
+               ("0-1:window=16;2-3:window=40;4-7:window=12,dilation=2,sink=3", 100, 1, 8, 4, "bhnd")]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
@@ -445,7 +449,8 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
     if NAMES is None:
         pytest.skip(f"no Gluon for Hopper here: {WHY_NO_API}")
     monkeypatch.setattr(gluon, "_descriptor", lambda x, rows, cols, block: _Desc(x, rows, cols, block))
-    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(pattern))
+    # each head group's model tiles by its own plan (the launcher loads one a group)
+    monkeypatch.setattr(gluon, "load", lambda kplan, direction="fwd": _model(kplan))
     d = 64
     q, k, v, seed = make_inputs(b, hq, hkv, n, d, torch.float32, device, layout)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
