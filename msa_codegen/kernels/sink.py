@@ -102,11 +102,12 @@ def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride
         r_aw = tl.exp2(r_lw - r_m)              # 0 where the window saw nothing
         r_ax = tl.exp2(r_mx_safe - r_m)         # scales b_p's rows
         r_den = r_aw + r_ax * r_lx
-        r_inv = tl.where(r_den > 0, 1.0 / r_den, 0.0)
+        r_seen = r_den > 0                     # false only on rows past N (masked)
+        r_inv = tl.where(r_seen, 1.0 / tl.where(r_seen, r_den, 1.0), 0.0)
         b_o = tl.load(p_o + o_row * stride_on + o_d[None, :], mask=m_id, other=0.0).to(tl.float32)
         b_o = (b_o * r_aw[:, None] + b_ox * r_ax[:, None]) * r_inv[:, None]
         tl.store(p_o + o_row * stride_on + o_d[None, :], b_o.to(O.dtype.element_ty), mask=m_id)
-        r_lse = tl.where(r_den > 0, (r_m + tl.log2(tl.where(r_den > 0, r_den, 1.0))) * 0.6931471805599453,
+        r_lse = tl.where(r_seen, (r_m + tl.log2(tl.where(r_seen, r_den, 1.0))) * 0.6931471805599453,
                          float("-inf"))
         tl.store(p_l + o_i, r_lse, mask=m_i)
 
