@@ -1085,21 +1085,27 @@ def _sink_chunks(rows: int, programs: int) -> tuple[int, int]:
     return chunk, -(-rows // chunk)
 
 
+def _sink_consts(kplan: KernelPlan, q: torch.Tensor) -> dict:
+    """The constexprs both sink passes (``kernels/sink.py``) take from a head group's plan and q."""
+    d = q.shape[3]
+    return dict(SINK=kplan.sink, WINDOW=kplan.window, DILATION=kplan.dilation, CAUSAL=kplan.causal, HEAD_DIM=d,
+                BLOCK_D=d, BLOCK_S=max(16, triton.next_power_of_2(kplan.sink)),
+                DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
+
+
 def _sink_fwd(grp, q, k, v, o, lse, scale: float) -> None:
     """A dilated head group's sink pairs outside its window (``kernels/sink.py``, ``sink_fwd``):
     merged into the rows' o and LSE (the classes' window attention) by their log-sum-exp, in
     place (o rounded twice in its dtype: by the forward kernel, then here)."""
     from . import sink as sink_kernels
 
-    kp = grp.kernel_plan
-    b, hq, n, d = q.shape
+    b, hq, n, _ = q.shape
     h0, hs = grp.h0, grp.h1 - grp.h0
     chunk, chunks = _sink_chunks(n, b * hs)
     direct.launch(
         sink_kernels.sink_fwd, (chunks, b * hs), q, k, v, o, lse, *[x.stride(i) for x in (q, k, v, o) for i in range(3)],
         lse.stride(0), lse.stride(1), h0, hs, hq // k.shape[1], n, chunk, scale * 1.4426950408889634,
-        SINK=kp.sink, WINDOW=kp.window, DILATION=kp.dilation, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64,
-        BLOCK_S=max(16, triton.next_power_of_2(kp.sink)), DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        **_sink_consts(grp.kernel_plan, q), BLOCK_M=64,
         num_warps=8,   # sm_90, Triton 3.6: no spills at D=64 and 128 (4 warps spilled 75 / 75 at D=128)
     )
 
@@ -1247,21 +1253,20 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     row0 = 0 if convert or not kp.causal or kp.dilation > 1 else min(kp.window, n)
     if row0 >= n:
         return
-    bm, bs = SINK_BWD_ROWS[d], max(16, triton.next_power_of_2(kp.sink))
+    consts = _sink_consts(kp, q)
     chunk, chunks = _sink_chunks(n - row0, b * hs)
-    parts = torch.empty((2, chunks, b * hs, bs, d), dtype=torch.float32, device=q.device)
+    parts = torch.empty((2, chunks, b * hs, consts["BLOCK_S"], d), dtype=torch.float32, device=q.device)
     strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
     direct.launch(
         sink_kernels.sink_bwd, (chunks, b * hs), q, k, v, do, lse2, delta, dq_in, dq, parts[0], parts[1],
         *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
         h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
-        SINK=kp.sink, WINDOW=kp.window, DILATION=kp.dilation, CAUSAL=kp.causal, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm,
-        BLOCK_S=bs, CONVERT=convert, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        **consts, BLOCK_M=SINK_BWD_ROWS[d], CONVERT=convert,
         num_warps=8,   # sm_90, Triton 3.6: 4 warps spilled (25-51 stores at D=64, 286-416 at D=128)
     )
     # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
     s = min(kp.sink, n)
-    sums = parts.sum(1).view(2, b, hs // group, group, bs, d).sum(3)[:, :, :, :s]
+    sums = parts.sum(1).view(2, b, hs // group, group, consts["BLOCK_S"], d).sum(3)[:, :, :, :s]
     hk0 = h0 // group
     for x, add in zip((dk, dv), sums):
         rows = x[:, hk0:hk0 + hs // group, :s]

@@ -53,17 +53,11 @@ def _outside(o_i, o_s, m_i, m_s, WINDOW: tl.constexpr, DILATION: tl.constexpr, C
 
 
 @triton.jit
-def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_lb, stride_lh,
-             H0, HS, GROUP, N, CHUNK, qk_scale,
-             SINK: tl.constexpr, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-             DOT_PREC: tl.constexpr):
-    # grid: (chunks of CHUNK rows, B * HS). O and LSE (natural log) hold the window's attention of
-    # the rows (the Gluon forward's); each row's sink pairs outside the window are merged into
-    # them by their log-sum-exp, in place. Rows as in sink_bwd.
-    i_c = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+def _sink_keys(K, V, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, pid_bh, H0, HS, GROUP, N,
+               SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """A program's batch and query head (program id ``pid_bh`` of B * HS, heads from H0), the
+    sink's key and column offsets and masks, and its keys' K and V [BLOCK_S, BLOCK_D] from KV head
+    h // GROUP (rows past S or N read zeros): (i_b, i_h, o_s, o_d, m_d, m_s, b_k, b_v)."""
     i_b = pid_bh // HS
     i_h = H0 + pid_bh % HS
     i_hk = i_h // GROUP
@@ -76,6 +70,24 @@ def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride
     p_v = V + tl.cast(i_b, tl.int64) * stride_vb + tl.cast(i_hk, tl.int64) * stride_vh
     b_k = tl.load(p_k + o_s[:, None] * stride_kn + o_d[None, :], mask=m_sd, other=0.0)
     b_v = tl.load(p_v + o_s[:, None] * stride_vn + o_d[None, :], mask=m_sd, other=0.0)
+    return i_b, i_h, o_s, o_d, m_d, m_s, b_k, b_v
+
+
+@triton.jit
+def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+             stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on, stride_lb, stride_lh,
+             H0, HS, GROUP, N, CHUNK, qk_scale,
+             SINK: tl.constexpr, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+             DOT_PREC: tl.constexpr):
+    # grid: (chunks of CHUNK rows, B * HS). O and LSE (natural log) hold the window's attention of
+    # the rows (the Gluon forward's); each row's sink pairs outside the window are merged into
+    # them by their log-sum-exp, in place. Rows as in sink_bwd.
+    i_c = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    i_b, i_h, o_s, o_d, m_d, m_s, b_k, b_v = _sink_keys(K, V, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                                                        stride_vn, pid_bh, H0, HS, GROUP, N, SINK, HEAD_DIM,
+                                                        BLOCK_D, BLOCK_S)
     p_q = Q + tl.cast(i_b, tl.int64) * stride_qb + tl.cast(i_h, tl.int64) * stride_qh
     p_o = O + tl.cast(i_b, tl.int64) * stride_ob + tl.cast(i_h, tl.int64) * stride_oh
     p_l = LSE + tl.cast(i_b, tl.int64) * stride_lb + tl.cast(i_h, tl.int64) * stride_lh
@@ -127,19 +139,9 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     # [chunks, B * HS, BLOCK_S, BLOCK_D] contiguous, this program's partial dK / dV of the sink keys.
     i_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    i_b = pid_bh // HS
-    i_h = H0 + pid_bh % HS
-    i_hk = i_h // GROUP
-    o_s = tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
-    # [BLOCK_S, BLOCK_D] the sink keys (rows past S or N read zeros, masked below)
-    m_s = o_s < tl.minimum(SINK, N)
-    m_sd = m_s[:, None] & m_d[None, :]
-    p_k = K + tl.cast(i_b, tl.int64) * stride_kb + tl.cast(i_hk, tl.int64) * stride_kh
-    p_v = V + tl.cast(i_b, tl.int64) * stride_vb + tl.cast(i_hk, tl.int64) * stride_vh
-    b_k = tl.load(p_k + o_s[:, None] * stride_kn + o_d[None, :], mask=m_sd, other=0.0)
-    b_v = tl.load(p_v + o_s[:, None] * stride_vn + o_d[None, :], mask=m_sd, other=0.0)
+    i_b, i_h, o_s, o_d, m_d, m_s, b_k, b_v = _sink_keys(K, V, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                                                        stride_vn, pid_bh, H0, HS, GROUP, N, SINK, HEAD_DIM,
+                                                        BLOCK_D, BLOCK_S)
     b_dk = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
     b_dv = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
     p_q = Q + tl.cast(i_b, tl.int64) * stride_qb + tl.cast(i_h, tl.int64) * stride_qh
