@@ -106,6 +106,8 @@ SINK_PROGRAMS = 512
 #: the fused backward of ``window=4096,sink=64`` N=131072 H=16 21.25 ms against 22.12 (best of 3,
 #: H100, 2026-12-06; the window alone 20.22)
 SINK_BWD_ROWS = {64: 64, 128: 64}
+#: the backward's sink pass, pipelining stages of its row loops (``tl.range``'s num_stages)
+SINK_BWD_STAGES = 2
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -1261,7 +1263,7 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
         sink_kernels.sink_bwd, (chunks, b * hs), q, k, v, do, lse2, delta, dq_in, dq, parts[0], parts[1],
         *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
         h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
-        **consts, BLOCK_M=SINK_BWD_ROWS[d], CONVERT=convert,
+        **consts, BLOCK_M=SINK_BWD_ROWS[d], CONVERT=convert, STAGES=SINK_BWD_STAGES,
         num_warps=8,   # sm_90, Triton 3.6: 4 warps spilled (25-51 stores at D=64, 286-416 at D=128)
     )
     # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head

@@ -125,6 +125,35 @@ def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride
 
 
 @triton.jit
+def _sink_tile(r0, r_hi, p_q, p_do, p_in, p_out, LSE2, DELTA, s_row, stride_qn, stride_don, stride_in, stride_on,
+               o_s, o_d, m_d, m_s, b_k, b_v, b_dk, b_dv, qk_scale, sm_scale,
+               WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               DOT_PREC: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_M) (those under r_hi) of the sink pass: their sink pairs outside the
+    window, dQ's terms added to the rows' DQ_IN and stored to DQ_OUT; returns dK, dV's sums."""
+    o_i = r0 + tl.arange(0, BLOCK_M)
+    m_i = o_i < r_hi
+    m_id = m_i[:, None] & m_d[None, :]
+    o_row = o_i[:, None].to(tl.int64)
+    b_dq = tl.load(p_in + o_row * stride_in + o_d[None, :], mask=m_id, other=0.0).to(tl.float32)
+    b_q = tl.load(p_q + o_row * stride_qn + o_d[None, :], mask=m_id, other=0.0)
+    b_do = tl.load(p_do + o_row * stride_don + o_d[None, :], mask=m_id, other=0.0)
+    b_lse2 = tl.load(LSE2 + s_row + o_i, mask=m_i, other=0.0)
+    b_delta = tl.load(DELTA + s_row + o_i, mask=m_i, other=0.0)
+    # [BLOCK_M, BLOCK_S] the sink pairs outside the window
+    m_x = _outside(o_i, o_s, m_i, m_s, WINDOW, DILATION, CAUSAL)
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+    b_p = tl.where(m_x, tl.exp2(b_s * qk_scale - b_lse2[:, None]), 0.0)
+    b_dv += tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, input_precision=DOT_PREC)
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)
+    b_dq += tl.dot(b_ds, b_k, input_precision=DOT_PREC) * sm_scale
+    b_dk += tl.dot(tl.trans(b_ds), b_q, input_precision=DOT_PREC)
+    tl.store(p_out + o_row * stride_on + o_d[None, :], b_dq.to(p_out.dtype.element_ty), mask=m_id)
+    return b_dk, b_dv
+
+
+@triton.jit
 def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
              stride_dob, stride_doh, stride_don, stride_lb, stride_lh,
@@ -132,7 +161,7 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
              H0, HS, GROUP, N, ROW0, CHUNK, qk_scale, sm_scale,
              SINK: tl.constexpr, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-             CONVERT: tl.constexpr, DOT_PREC: tl.constexpr):
+             CONVERT: tl.constexpr, STAGES: tl.constexpr, DOT_PREC: tl.constexpr):
     # grid: (chunks of CHUNK rows from ROW0, B * HS). Query head h = H0 + pid % HS reads KV head
     # h // GROUP. Rows of q, do, dq: (b, h, i) at b * stride_xb + h * stride_xh + i * stride_xn, the
     # last dim contiguous; LSE2 / DELTA rows at (stride_lb, stride_lh). PK / PV: fp32
@@ -142,50 +171,46 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     i_b, i_h, o_s, o_d, m_d, m_s, b_k, b_v = _sink_keys(K, V, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
                                                         stride_vn, pid_bh, H0, HS, GROUP, N, SINK, HEAD_DIM,
                                                         BLOCK_D, BLOCK_S)
-    b_dk = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
-    b_dv = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
     p_q = Q + tl.cast(i_b, tl.int64) * stride_qb + tl.cast(i_h, tl.int64) * stride_qh
     p_do = DO + tl.cast(i_b, tl.int64) * stride_dob + tl.cast(i_h, tl.int64) * stride_doh
     p_in = DQ_IN + tl.cast(i_b, tl.int64) * stride_ib + tl.cast(i_h, tl.int64) * stride_ih
     p_out = DQ_OUT + tl.cast(i_b, tl.int64) * stride_ob + tl.cast(i_h, tl.int64) * stride_oh
     s_row = tl.cast(i_b, tl.int64) * stride_lb + tl.cast(i_h, tl.int64) * stride_lh
-    last_key = tl.minimum(SINK, N) - 1
     r_lo = ROW0 + i_c * CHUNK
     r_hi = tl.minimum(r_lo + CHUNK, N)
-    for r0 in range(r_lo, r_hi, BLOCK_M):
-        # does a row of [r0, r0 + BLOCK_M) see a sink key outside its window?
-        r_last = tl.minimum(r0 + BLOCK_M, N) - 1
-        if DILATION > 1:
-            # a row sees sink keys of other residue classes: causal from row 1 (key 0), else all
-            if CAUSAL:
-                extra = r_last >= 1
-            else:
-                extra = r_last >= 0
-        elif CAUSAL:
-            extra = r_last - WINDOW >= 0
-        else:
-            extra = (r_last >= WINDOW) | (last_key - r0 >= WINDOW)
-        if extra | CONVERT:
+    # The chunk's 64-row tiles r_lo + k * BLOCK_M in three runs, each loop branch-free so that its
+    # loads pipeline over STAGES: [r_lo, t_a) and [t_b, r_hi) see a sink key outside their window,
+    # [t_a, t_b) do not (their dQ only converted, CONVERT). Dilated: every tile (a row sees the
+    # sink keys of other residue classes; a tile with none adds zeros). Undilated: a tile whose
+    # last row r_last = min(r0 + BLOCK_M, N) - 1 reaches W, and bidirectional also one whose
+    # first row r0 is W or more before the last sink key.
+    if DILATION > 1:
+        t_a = r_lo
+        t_b = r_lo
+    else:
+        t_a = r_lo
+        if not CAUSAL:
+            t_a = tl.minimum(r_lo + tl.cdiv(tl.maximum(tl.minimum(SINK, N) - WINDOW - r_lo, 0), BLOCK_M) * BLOCK_M,
+                             r_hi)
+        t_b = tl.minimum(r_lo + tl.cdiv(tl.maximum(WINDOW - BLOCK_M + 1 - r_lo, 0), BLOCK_M) * BLOCK_M, r_hi)
+        t_b = tl.maximum(t_b, t_a)
+    if CONVERT:
+        for r0 in tl.range(t_a, t_b, BLOCK_M, num_stages=STAGES):
             o_i = r0 + tl.arange(0, BLOCK_M)
-            m_i = o_i < r_hi
-            m_id = m_i[:, None] & m_d[None, :]
+            m_id = (o_i < r_hi)[:, None] & m_d[None, :]
             o_row = o_i[:, None].to(tl.int64)
-            b_dq = tl.load(p_in + o_row * stride_in + o_d[None, :], mask=m_id, other=0.0).to(tl.float32)
-            if extra:
-                b_q = tl.load(p_q + o_row * stride_qn + o_d[None, :], mask=m_id, other=0.0)
-                b_do = tl.load(p_do + o_row * stride_don + o_d[None, :], mask=m_id, other=0.0)
-                b_lse2 = tl.load(LSE2 + s_row + o_i, mask=m_i, other=0.0)
-                b_delta = tl.load(DELTA + s_row + o_i, mask=m_i, other=0.0)
-                # [BLOCK_M, BLOCK_S] the sink pairs outside the window
-                m_x = _outside(o_i, o_s, m_i, m_s, WINDOW, DILATION, CAUSAL)
-                b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-                b_p = tl.where(m_x, tl.exp2(b_s * qk_scale - b_lse2[:, None]), 0.0)
-                b_dv += tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, input_precision=DOT_PREC)
-                b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-                b_ds = (b_p * (b_dp - b_delta[:, None])).to(b_q.dtype)
-                b_dq += tl.dot(b_ds, b_k, input_precision=DOT_PREC) * sm_scale
-                b_dk += tl.dot(tl.trans(b_ds), b_q, input_precision=DOT_PREC)
+            b_dq = tl.load(p_in + o_row * stride_in + o_d[None, :], mask=m_id, other=0.0)
             tl.store(p_out + o_row * stride_on + o_d[None, :], b_dq.to(DQ_OUT.dtype.element_ty), mask=m_id)
+    b_dk = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    b_dv = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    # the extra tiles as one loop (one copy of its body): [r_lo, t_a), then [t_b, r_hi)
+    n_a = (t_a - r_lo) // BLOCK_M
+    n_x = n_a + tl.cdiv(r_hi - t_b, BLOCK_M)
+    for i_t in tl.range(0, n_x, num_stages=STAGES):
+        r0 = r_lo + i_t * BLOCK_M + tl.where(i_t >= n_a, t_b - t_a, 0)
+        b_dk, b_dv = _sink_tile(r0, r_hi, p_q, p_do, p_in, p_out, LSE2, DELTA, s_row, stride_qn, stride_don,
+                                stride_in, stride_on, o_s, o_d, m_d, m_s, b_k, b_v, b_dk, b_dv, qk_scale, sm_scale,
+                                WINDOW, DILATION, CAUSAL, BLOCK_M, DOT_PREC)
     part = (tl.cast(i_c, tl.int64) * tl.num_programs(1) + pid_bh) * (BLOCK_S * BLOCK_D)
     o_sd = o_s[:, None] * BLOCK_D + o_d[None, :]
     tl.store(PK + part + o_sd, b_dk * sm_scale)
