@@ -101,13 +101,14 @@ BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,6
 MAX_SINK = 64
 #: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
 SINK_PROGRAMS = 512
-#: the backward's sink pass, query rows a tile by head dim. At D=128 (8 warps, a 64-key sink,
-#: sm_90, Triton 3.6) 64 rows spill 50 / 44 stores / loads and 32 none, but 64 measured faster:
-#: the fused backward of ``window=4096,sink=64`` N=131072 H=16 21.25 ms against 22.12 (best of 3,
-#: H100, 2026-12-06; the window alone 20.22)
+#: the backward's sink pass: query rows a tile by head dim, and the pipelining stages of its row
+#: loops (``tl.range``'s num_stages). 64 rows at 3 stages ran the pass fastest of 64 rows at 1-3
+#: stages (4 at D=64; at D=128 4 does not fit in shared memory) and 32 rows at 2-4, although at
+#: D=128 it spills most (fused form 255 / 180 stores / loads; sm_90, Triton 3.6, 8 warps): the pass
+#: alone at ``window=4096,sink=64`` N=131072, fused form, 1.066 ms against 1.686 for the branchy
+#: loop before; H=32 D=64 1.298 against 1.962 (H100, 2026-12-06; benchmarks/NOTES.md)
 SINK_BWD_ROWS = {64: 64, 128: 64}
-#: the backward's sink pass, pipelining stages of its row loops (``tl.range``'s num_stages)
-SINK_BWD_STAGES = 2
+SINK_BWD_STAGES = 3
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
