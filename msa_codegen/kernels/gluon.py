@@ -101,14 +101,20 @@ BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,6
 MAX_SINK = 64
 #: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
 SINK_PROGRAMS = 512
+#: the dilated forward's sink merge (``sink_fwd``), query rows a tile
+SINK_FWD_ROWS = 64
 #: the backward's sink pass: query rows a tile by head dim, and the pipelining stages of its row
 #: loops (``tl.range``'s num_stages). 64 rows at 3 stages ran the pass fastest of 64 rows at 1-3
-#: stages (4 at D=64; at D=128 4 does not fit in shared memory) and 32 rows at 2-4, although at
-#: D=128 it spills most (fused form 255 / 180 stores / loads; sm_90, Triton 3.6, 8 warps): the pass
-#: alone at ``window=4096,sink=64`` N=131072, fused form, 1.066 ms against 1.686 for the branchy
-#: loop before; H=32 D=64 1.298 against 1.962 (H100, 2026-12-06; benchmarks/NOTES.md)
+#: stages (4 at D=64; at D=128 4 needs 280 KB of shared memory) and 32 rows at 2-4: alone at
+#: ``window=4096,sink=64`` N=131072, fused form, 1.066 ms against 1.686 for the branchy loop
+#: before; H=32 D=64 1.298 against 1.962 (H100, 2026-12-06; benchmarks/NOTES.md). At D=128 it
+#: spills 2 / 1 stores / loads (two-kernel form 4 / 2; sm_90, Triton 3.6, ``aot_compile_sink``)
 SINK_BWD_ROWS = {64: 64, 128: 64}
 SINK_BWD_STAGES = 3
+#: warps of both sink passes: at 4 ``sink_bwd`` spills at D=128 (150 / 144 stores / loads in the
+#: fused form, sm_90, Triton 3.6, ``aot_compile_sink``); ``sink_fwd`` spills at neither, and its 8
+#: were not timed against 4
+SINK_WARPS = 8
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -1108,8 +1114,7 @@ def _sink_fwd(grp, q, k, v, o, lse, scale: float) -> None:
     direct.launch(
         sink_kernels.sink_fwd, (chunks, b * hs), q, k, v, o, lse, *[x.stride(i) for x in (q, k, v, o) for i in range(3)],
         lse.stride(0), lse.stride(1), h0, hs, hq // k.shape[1], n, chunk, scale * 1.4426950408889634,
-        **_sink_consts(grp.kernel_plan, q), BLOCK_M=64,
-        num_warps=8,   # sm_90, Triton 3.6: no spills at D=64 and 128 (4 warps spilled 75 / 75 at D=128)
+        **_sink_consts(grp.kernel_plan, q), BLOCK_M=SINK_FWD_ROWS, num_warps=SINK_WARPS,
     )
 
 
@@ -1264,8 +1269,7 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
         sink_kernels.sink_bwd, (chunks, b * hs), q, k, v, do, lse2, delta, dq_in, dq, parts[0], parts[1],
         *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
         h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
-        **consts, BLOCK_M=SINK_BWD_ROWS[d], CONVERT=convert, STAGES=SINK_BWD_STAGES,
-        num_warps=8,   # sm_90, Triton 3.6: 4 warps spilled (25-51 stores at D=64, 286-416 at D=128)
+        **consts, BLOCK_M=SINK_BWD_ROWS[d], CONVERT=convert, STAGES=SINK_BWD_STAGES, num_warps=SINK_WARPS,
     )
     # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
     s = min(kp.sink, n)
@@ -1368,4 +1372,45 @@ def aot_compile_bwd(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head
         cs = {(kern.arg_names.index(a),): value for a, value in consts.items()}
         out[name] = triton.compile(GluonASTSource(fn=kern, signature=sig, constexprs=cs),
                                    target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=MAXNREG))
+    return out
+
+
+def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
+                     arch: int = 90) -> dict:
+    """The sink passes (``kernels/sink.py``) of a plan with a sink compiled for sm_{arch} without a
+    GPU, with the constexprs and warps the launchers give them: {"fwd": ``sink_fwd``, "bwd": the
+    two-kernel form's ``sink_bwd``, "convert": the fused form's}. Run it in a process without
+    TRITON_INTERPRET."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from . import sink as sink_kernels
+
+    short = _SHORT[dtype]
+    fp32 = ("LSE", "LSE2", "DELTA", "PK", "PV")
+    consts = _sink_consts(kplan, torch.empty((1, 1, 1, head_dim), dtype=dtype, device="meta"))
+    out = {}
+    for name, kern, extra in (("fwd", sink_kernels.sink_fwd, dict(BLOCK_M=SINK_FWD_ROWS)),
+                              ("bwd", sink_kernels.sink_bwd, dict(BLOCK_M=SINK_BWD_ROWS[head_dim], CONVERT=False,
+                                                                  STAGES=SINK_BWD_STAGES)),
+                              ("convert", sink_kernels.sink_bwd, dict(BLOCK_M=SINK_BWD_ROWS[head_dim], CONVERT=True,
+                                                                      STAGES=SINK_BWD_STAGES))):
+        cx = dict(consts, **extra)
+        # as a launch on torch's tensors specialises it: pointers 16-byte aligned, strides and
+        # the chunk multiples of 16 (the loads that can be pipelined then are)
+        sig, attrs = {}, {}
+        for i, a in enumerate(kern.arg_names):
+            if a in cx:
+                sig[a] = "constexpr"
+            elif a in ("qk_scale", "sm_scale"):
+                sig[a] = "fp32"
+            elif a in ("H0", "HS", "GROUP", "N", "ROW0"):
+                sig[a] = "i32"
+            else:
+                sig[a] = ("i32" if a.startswith("stride_") or a == "CHUNK" else
+                          "*fp32" if a in fp32 or (a == "DQ_IN" and extra.get("CONVERT")) else f"*{short}")
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        cs = {(kern.arg_names.index(a),): value for a, value in cx.items()}
+        out[name] = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cs, attrs=attrs),
+                                   target=GPUTarget("cuda", arch, 32), options=dict(num_warps=SINK_WARPS))
     return out

@@ -553,6 +553,36 @@ def test_ahead_of_time_compile_for_sm90(tmp_path):
         assert row["fused"]["tma_reduce"] and not row["dkdv"]["tma_reduce"] and not row["dq"]["tma_reduce"]
 
 
+_AOT_SINK = """
+import json, sys, torch
+from msa_codegen.kernels import gluon
+from msa_codegen.pattern.lowering import lower
+from msa_codegen.pattern.spec import parse
+out = []
+for pattern, dtype, d in json.loads(sys.argv[1]):
+    ks = gluon.aot_compile_sink(lower(parse(pattern).groups[0].spec), getattr(torch, dtype), d)
+    out.append({name: dict(shared=k.metadata.shared, cubin=len(k.asm["cubin"]), cp_async="cp.async" in k.asm["ptx"])
+                for name, k in ks.items()})
+print(json.dumps(out))
+"""
+
+
+def test_the_sink_passes_compile_for_sm90(tmp_path):
+    """The sink passes (``kernels/sink.py``) at the launchers' constexprs and warps compile for
+    sm_90 without a GPU, within its shared memory: the backward's row loops pipelined over
+    ``gluon.SINK_BWD_STAGES`` (asynchronous copies in its PTX; at 4 stages the fused form's
+    64-row tiles at D=128 need 280 KB and would fail at launch)."""
+    pytest.importorskip("triton.backends.nvidia")
+    cases = [("window=4096,sink=64", "bfloat16", 128), ("causal=false,window=300,dilation=3,sink=9", "float16", 64)]
+    rows = run_aot_source(_AOT_SINK, cases, tmp_path)
+    for (_, _, d), row in zip(cases, rows):
+        assert all(0 < row[k]["shared"] <= 232448 and row[k]["cubin"] > 0 for k in ("fwd", "bwd", "convert")), row
+        if gluon.SINK_BWD_STAGES > 1:
+            assert row["bwd"]["cp_async"] and row["convert"]["cp_async"], row
+        # the fused form's stages hold its fp32 dQ rows besides q and dO
+        assert row["convert"]["shared"] > row["bwd"]["shared"], row
+
+
 _SPILLS = SASS_OF + """
 import json, sys, torch
 from msa_codegen.kernels import gluon
