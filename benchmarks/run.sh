@@ -52,6 +52,9 @@
 #              default and a copy of it, phase by phase (main forward, main backward, teaching
 #              backward, both backwards in one launch), one process; ARGS e.g. --variant two=fwd_rows=64,fwd_warps=4,fwd_stages=1;
 #              --reverse-index: the reverse index's sort keys at 64 against 32 bits instead
+#   sink-ab    benchmarks/sink_ab.py: the Gluon backward's sink pass alone in launch variants (rows x
+#              stages, another copy of kernels/sink.py) against the tree's, one process; ARGS e.g.
+#              --variant 32x3 --baseline /tmp/sink_old.py (git show REV:msa_codegen/kernels/sink.py)
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
 #              backward through attention(deterministic=False / True), one process, and for
 #              msa-bench's plain cases the Triton family's too; ARGS e.g.
@@ -194,6 +197,9 @@ case "$suite" in
     rc=${PIPESTATUS[0]} ;;
   msa-ab)
     { header; limit python3 benchmarks/msa_ab.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  sink-ab)
+    { header; limit python3 benchmarks/sink_ab.py "$@"; } 2>&1 | grep -v -i warn | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   fused-ab)
     { header; limit python3 benchmarks/fused_ab.py "$@"; } 2>&1 | tee "$log"

@@ -187,6 +187,39 @@ def test_msa_ab_runs_each_variants_config(capsys, monkeypatch):
             ab.main(["--device", "cpu", "--variant", bad])
 
 
+def test_sink_ab_runs_each_variants_launch(capsys, monkeypatch):
+    """benchmarks/sink_ab.py on the CPU (interpreter): each variant's rows and stages reach the sink
+    pass's launch, a baseline copy of kernels/sink.py runs beside the tree's, every variant's dQ,
+    dK, dV match the default's, the table has a row per form and variant, the tree's settings
+    are restored after; bad variants are refused."""
+    from msa_codegen.kernels import gluon, sink
+
+    ab = _benchmark_module("sink_ab")
+    seen = []
+    real = gluon.direct.launch
+
+    def spy(kern, grid, *a, **kw):
+        seen.append((kern.fn.__module__ if hasattr(kern, "fn") else "", kw.get("BLOCK_M"), kw.get("STAGES")))
+        return real(kern, grid, *a, **kw)
+    monkeypatch.setattr(gluon.direct, "launch", spy)
+    rows, stages = dict(gluon.SINK_BWD_ROWS), gluon.SINK_BWD_STAGES
+    rc = ab.main(["--device", "cpu", "--n", "200", "--heads", "2", "--head-dim", "64", "--pattern",
+                  "window=90,sink=20", "--variant", "32x2", "--baseline", sink.__file__, "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert (32, 2) in {(m, st) for _, m, st in seen} and (rows[64], stages) in {(m, st) for _, m, st in seen}, seen
+    assert any(mod == "sink_baseline" for mod, _, _ in seen), seen
+    table = [line for line in out.splitlines() if line.startswith("| fused |") or line.startswith("| two-kernel |")]
+    assert len(table) == 8, out
+    assert all(float(line.split("|")[6]) < 1e-5 for line in table), out
+    assert gluon.SINK_BWD_ROWS == rows and gluon.SINK_BWD_STAGES == stages
+    import sys
+    assert sys.modules["msa_codegen.kernels.sink"] is sink
+    for bad in ("64", "64x0", "48x2", "axb"):
+        with pytest.raises(SystemExit):
+            ab.main(["--device", "cpu", "--variant", bad])
+
+
 def test_msa_ab_reverse_index_int32_matches_int64(capsys):
     """launch.reverse_index with 32-bit sort keys (the default) gives the 64-bit keys' reverse
     index exactly (unused slots, two batches, several proxy heads), and benchmarks/msa_ab.py
