@@ -203,8 +203,9 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
             tl.store(p_out + o_row * stride_on + o_d[None, :], b_dq.to(DQ_OUT.dtype.element_ty), mask=m_id)
     b_dk = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
     b_dv = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
-    # the extra tiles as one loop (one copy of its body): [r_lo, t_a), then [t_b, r_hi)
-    n_a = (t_a - r_lo) // BLOCK_M
+    # the extra tiles as one loop (one copy of its body): [r_lo, t_a), then [t_b, r_hi); t_a is
+    # a tile's start or r_hi, so its run has cdiv tiles
+    n_a = tl.cdiv(t_a - r_lo, BLOCK_M)
     n_x = n_a + tl.cdiv(r_hi - t_b, BLOCK_M)
     for i_t in tl.range(0, n_x, num_stages=STAGES):
         r0 = r_lo + i_t * BLOCK_M + tl.where(i_t >= n_a, t_b - t_a, 0)

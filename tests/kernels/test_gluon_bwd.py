@@ -428,6 +428,9 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
                ("window=127,sink=7", 300, 2, 4, 2, "bnhd"), ("window=20,sink=50", 200, 1, 2, 1, "bhnd"),
                ("causal=false,window=63,sink=33", 257, 1, 4, 1, "bhnd"),
                ("causal=false,window=10,sink=64", 130, 2, 2, 2, "bnhd"),
+               # a sink longer than the window in fewer rows than a tile: the pass's leading run
+               # of tiles ends at N, not on a tile (found by the random cases below)
+               ("causal=false,window=7,sink=19", 18, 2, 2, 1, "bhnd"),
                # a dilated window's sink: the classes' stats rows gathered in the rows' order for the pass
                ("window=30,dilation=2,sink=5", 400, 2, 4, 2, "bnhd"),
                ("causal=false,window=20,dilation=3,sink=64", 390, 1, 3, 1, "bhnd"),
