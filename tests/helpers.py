@@ -223,6 +223,29 @@ def check_dynamic(pattern, b=1, hq=2, hkv=1, nq=129, nk=None, d=32, dtype=torch.
                                     (ref, ref_lse, ref_grads))
 
 
+def random_gluon_case(rng: random.Random, n_max: int, max_sink: int) -> dict:
+    """A random call of a plain pattern the Gluon family takes in both directions: direction,
+    window, dilation (N a multiple of it), a sink of up to ``max_sink`` keys, sometimes a second
+    head group (on a KV head's boundary); GQA, batch, layout, and the backward's form."""
+    def pattern(dil):
+        terms = [] if rng.random() < 0.6 else ["causal=false"]
+        terms.append(f"window={rng.choice([1, 7, 30, 64, 127, 200, 500])}")
+        if dil > 1:
+            terms.append(f"dilation={dil}")
+        if rng.random() < 0.5:
+            terms.append(f"sink={rng.randint(1, max_sink)}")
+        return ",".join(terms)
+    dil = rng.choice([1, 1, 2, 3])
+    hkv = rng.choice([1, 2])
+    group = rng.choice([1, 2, 3])
+    hq = hkv * group
+    text = pattern(dil)
+    if hkv == 2 and rng.random() < 0.4:   # two head groups, one a KV head
+        text = f"0-{group - 1}:{text};{group}-{hq - 1}:{pattern(rng.choice([1, dil]))}"
+    return dict(pattern=text, n=dil * rng.randint(1, n_max // dil), b=rng.choice([1, 2]), hq=hq, hkv=hkv,
+                layout=rng.choice(["bhnd", "bnhd"]), fused=rng.random() < 0.5)
+
+
 def random_pattern(rng: random.Random, n: int) -> str:
     """A random pattern of one head group over N rows: either direction; one to three of window
     (with a dilation sometimes), sink, global (bidirectional), random and top-k blocks of 16-128,

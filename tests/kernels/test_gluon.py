@@ -21,7 +21,8 @@ import torch
 
 import msa_codegen as msa
 from helpers import FLOOR, GLUON_NAMES as NAMES, SASS_OF, GlArray, GlNumpyTensors, GlPointer as _Ptr, GlScalar as _I, \
-    chunked_reference, gluon_docs, lowp_attention, make_inputs, rel_err, rendered_helpers, run_aot_source, \
+    chunked_reference, gluon_docs, lowp_attention, make_inputs, random_gluon_case, rel_err, rendered_helpers, \
+    run_aot_source, \
     topk_inputs, first_plan as _plan, needs_gluon_api as needs_api, WHY_NO_GLUON as WHY_NO_API
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS, lower
@@ -621,6 +622,21 @@ def test_the_forward_launcher_runs_the_residue_classes_through_a_model(monkeypat
     assert out.stride() == q.stride()
     assert rel_err(out, ref) < FLOOR[torch.float32], f"seed {seed}"
     assert (lse.double() - ref_lse).abs().max().item() < 1e-4, f"seed {seed}"
+
+
+def test_the_forward_launcher_through_a_model_of_random_plans(monkeypatch):
+    """As above, for fresh random calls (``helpers.random_gluon_case``: dilated or not, a sink in
+    the kernel or merged by the sink pass, head groups); the case and seed are in the message."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for _ in range(3):
+        case = random_gluon_case(rng, 400, gluon.MAX_SINK)
+        case.pop("fused")
+        with monkeypatch.context() as m:
+            try:
+                test_the_forward_launcher_runs_the_residue_classes_through_a_model(m, **case)
+            except AssertionError as e:
+                raise AssertionError(f"{case}, seed {seed}: {e}") from None
 
 
 def _address(x, b, h, n):

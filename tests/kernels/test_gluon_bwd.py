@@ -23,7 +23,8 @@ import triton
 
 import msa_codegen as msa
 from helpers import FLOOR, GLUON_NAMES as NAMES, SASS_OF, GlPointer as _Ptr, GlScalar as _I, chunked_reference, \
-    gluon_docs, lowp_attention, make_inputs, rel_err, rendered_helpers, run_aot_source, topk_inputs, \
+    gluon_docs, lowp_attention, make_inputs, random_gluon_case, rel_err, rendered_helpers, run_aot_source, \
+    topk_inputs, \
     first_plan as _plan, needs_gluon_api as needs_api, WHY_NO_GLUON as WHY_NO_API
 from msa_codegen.kernels import gluon, render as codegen
 from msa_codegen.pattern.lowering import CU_SEQLENS
@@ -473,35 +474,13 @@ def test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, patter
         assert err < FLOOR[torch.float32], f"{name}: {err:.2e}, seed {seed}"
 
 
-def random_bwd_case(rng: random.Random, n_max: int) -> dict:
-    """A random call the Gluon backward takes: direction, window, dilation (N a multiple of it),
-    a sink of up to ``gluon.MAX_SINK`` keys, sometimes a second head group (on a KV head's
-    boundary), GQA, batch, layout, form."""
-    def pattern(dil):
-        terms = [] if rng.random() < 0.6 else ["causal=false"]
-        terms.append(f"window={rng.choice([1, 7, 30, 64, 127, 200, 500])}")
-        if dil > 1:
-            terms.append(f"dilation={dil}")
-        if rng.random() < 0.5:
-            terms.append(f"sink={rng.randint(1, gluon.MAX_SINK)}")
-        return ",".join(terms)
-    dil = rng.choice([1, 1, 2, 3])
-    hkv = rng.choice([1, 2])
-    group = rng.choice([1, 2, 3])
-    hq = hkv * group
-    text = pattern(dil)
-    if hkv == 2 and rng.random() < 0.4:   # two head groups, one a KV head
-        text = f"0-{group - 1}:{text};{group}-{hq - 1}:{pattern(rng.choice([1, dil]))}"
-    return dict(pattern=text, n=dil * rng.randint(1, n_max // dil), b=rng.choice([1, 2]), hq=hq, hkv=hkv,
-                layout=rng.choice(["bhnd", "bnhd"]), fused=rng.random() < 0.5)
-
-
 def test_the_launcher_through_a_model_of_random_plans(monkeypatch, device):
-    """As above, for fresh random calls (``random_bwd_case``); the case and seed are in the message."""
+    """As above, for fresh random calls (``helpers.random_gluon_case``); the case and seed are in the
+    message."""
     seed = random.randrange(2**31)
     rng = random.Random(seed)
     for _ in range(3):
-        case = random_bwd_case(rng, 400)
+        case = random_gluon_case(rng, 400, gluon.MAX_SINK)
         with monkeypatch.context() as m:
             try:
                 test_the_launcher_through_a_model_of_the_kernels(m, device, **case)
@@ -713,13 +692,13 @@ def test_gpu_backward_matches_the_reference(pattern, n, d, hq, hkv, dtype, fused
 @needs_hopper
 @needs_api
 def test_gpu_random_backward_patterns_shapes_and_layouts():
-    """Fresh random calls (``random_bwd_case``: direction, window, dilation, sink, head groups,
+    """Fresh random calls (``helpers.random_gluon_case``: direction, window, dilation, sink, head groups,
     GQA, batch, layout, form) at lengths up to 3000, head dim 64 or 128, bf16 or fp16, against
     the float64 reference and PyTorch's own error; the case and seed are in the message."""
     seed = random.randrange(2**31)
     rng = random.Random(seed)
     for _ in range(4):
-        case = random_bwd_case(rng, 3000)
+        case = random_gluon_case(rng, 3000, gluon.MAX_SINK)
         d, dtype = rng.choice([64, 128]), rng.choice([BF, FP])
         pattern, n, hq, hkv = case["pattern"], case["n"], case["hq"], case["hkv"]
         q, k, v, _ = make_inputs(case["b"], hq, hkv, n, d, dtype, "cuda", case["layout"], seed=rng.randrange(2**31))
