@@ -536,6 +536,26 @@ def test_the_documents_launcher_through_a_model_of_the_kernels(monkeypatch, devi
         assert err < FLOOR[torch.float32], f"{name}: {err:.2e}, seed {seed}, cu_seqlens {cu.tolist()}"
 
 
+def test_the_documents_launcher_through_a_model_of_random_plans(monkeypatch, device):
+    """As above, for fresh random calls: direction, a window or none, N, GQA, layout, form and
+    the longest document; the case and seed are in the message."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for _ in range(3):
+        terms = [] if rng.random() < 0.6 else ["causal=false"]
+        window = rng.choice([None, 1, 7, 30, 100, 500])
+        if window:
+            terms.append(f"window={window}")
+        hkv = rng.choice([1, 2])
+        case = dict(pattern=",".join(terms) or "causal", n=rng.randint(1, 300), hq=hkv * rng.choice([1, 2, 3]), hkv=hkv,
+                    layout=rng.choice(["bhnd", "bnhd"]), max_len=rng.randint(1, 150), fused=rng.random() < 0.5)
+        with monkeypatch.context() as m:
+            try:
+                test_the_documents_launcher_through_a_model_of_the_kernels(m, device, **case)
+            except AssertionError as e:
+                raise AssertionError(f"{case}, seed {seed}: {e}") from None
+
+
 _AOT = """
 import json, sys, torch
 from msa_codegen.kernels import gluon
