@@ -20,7 +20,10 @@ log-sum-exp, in place.
 Every query contributes to the sink keys' dK / dV, so their sums run over the whole sequence:
 one program per (chunk of rows, batch x query head), all S <= ``gluon.MAX_SINK`` sink keys resident,
 writing fp32 partial sums per chunk that the launcher adds up in a fixed order (deterministic),
-over the chunks and the GQA group, into dK / dV's first S rows. dQ's extra terms are added to the
+over the chunks and the GQA group, into dK / dV's first S rows. A program's row tiles run as
+branch-free loops pipelined over ``gluon.SINK_BWD_STAGES`` (a test of each tile, the loads
+under it, kept Triton from overlapping them with the products: 1.69 against 1.06 ms alone at
+``window=4096,sink=64``, benchmarks/NOTES.md). dQ's extra terms are added to the
 rows' dQ in the same pass: from the fused form's fp32 copy into the output (``CONVERT``: every
 row, the conversion the fused form needs anyway), or in place into the two-kernel form's dQ
 (rounded twice in its dtype: once by the dQ kernel, once here).
@@ -178,8 +181,8 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     s_row = tl.cast(i_b, tl.int64) * stride_lb + tl.cast(i_h, tl.int64) * stride_lh
     r_lo = ROW0 + i_c * CHUNK
     r_hi = tl.minimum(r_lo + CHUNK, N)
-    # The chunk's 64-row tiles r_lo + k * BLOCK_M in three runs, each loop branch-free so that its
-    # loads pipeline over STAGES: [r_lo, t_a) and [t_b, r_hi) see a sink key outside their window,
+    # The chunk's tiles of BLOCK_M rows, r_lo + k * BLOCK_M, in three runs, each loop branch-free so
+    # that its loads pipeline over STAGES: [r_lo, t_a) and [t_b, r_hi) see a sink key outside their window,
     # [t_a, t_b) do not (their dQ only converted, CONVERT). Dilated: every tile (a row sees the
     # sink keys of other residue classes; a tile with none adds zeros). Undilated: a tile whose
     # last row r_last = min(r0 + BLOCK_M, N) - 1 reaches W, and bidirectional also one whose
