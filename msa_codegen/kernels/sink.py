@@ -187,11 +187,9 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     # sink keys of other residue classes; a tile with none adds zeros). Undilated: a tile whose
     # last row r_last = min(r0 + BLOCK_M, N) - 1 reaches W, and bidirectional also one whose
     # first row r0 is W or more before the last sink key.
-    if DILATION > 1:
-        t_a = r_lo
-        t_b = r_lo
-    else:
-        t_a = r_lo
+    t_a = r_lo
+    t_b = r_lo
+    if DILATION == 1:
         if not CAUSAL:
             t_a = tl.minimum(r_lo + tl.cdiv(tl.maximum(tl.minimum(SINK, N) - WINDOW - r_lo, 0), BLOCK_M) * BLOCK_M,
                              r_hi)
