@@ -96,9 +96,13 @@ TOPK_SLOTS = 64
 BWD_BLOCK_M = 64
 BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,608 B (probe); 3 would not fit
 
-#: the most sink keys the Gluon backward takes (``kernels/sink.py`` holds them, their dK and dV
-#: in registers); a longer sink runs the Triton backward
-MAX_SINK = 64
+#: the most sink keys the Gluon family takes where the sink pass runs (the backward, the dilated
+#: forward); a longer sink runs the Triton family there
+MAX_SINK = 256
+#: sink keys a program of the sink pass holds (K, V, dK, dV in registers); a longer sink runs in
+#: chunks of this many keys (``kernels/sink.py``)
+SINK_KEYS = 64
+_LONG_SINK = "the sink pass's work grows with the sink's keys"
 #: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
 SINK_PROGRAMS = 512
 #: the dilated forward's sink merge (``sink_fwd``), query rows a tile
@@ -340,12 +344,11 @@ def pattern_reason(kplan: KernelPlan) -> str | None:
         # a dilated window is a plain window on each residue class of the rows, which the
         # launchers run as strided views (``_classes``); a document's rows span the classes, and
         # a sink's keys too: its pairs outside the window run in a pass of their own
-        # (``_sink_fwd``), which holds the sink's keys in registers
+        # (``_sink_fwd``), whose work grows with the sink's keys
         if kplan.documents:
             return f"dilation={kplan.dilation} with cu_seqlens (the residue classes run apart here)"
         if kplan.sink > MAX_SINK:
-            return (f"dilation={kplan.dilation} with sink={kplan.sink} > {MAX_SINK} (the sink pass holds the "
-                    f"sink's keys in registers)")
+            return f"dilation={kplan.dilation} with sink={kplan.sink} > {MAX_SINK} ({_LONG_SINK})"
     for name, value in (("global", kplan.global_), ("random", kplan.random), ("topk", kplan.topk)):
         if value:
             return f"{name}={value}"
@@ -515,7 +518,7 @@ def bwd_pattern_reason(kplan: KernelPlan) -> str | None:
     if kplan.topk:
         return None
     if kplan.sink > MAX_SINK:
-        return f"sink={kplan.sink} > {MAX_SINK} (the sink pass holds the sink's keys in registers)"
+        return f"sink={kplan.sink} > {MAX_SINK} ({_LONG_SINK})"
     if not (kplan.has_window or kplan.documents):
         return "dense pattern (no window): the Gluon backward tiles a window's band"
     return None
@@ -1097,8 +1100,9 @@ def _sink_chunks(rows: int, programs: int) -> tuple[int, int]:
 def _sink_consts(kplan: KernelPlan, q: torch.Tensor) -> dict:
     """The constexprs both sink passes (``kernels/sink.py``) take from a head group's plan and q."""
     d = q.shape[3]
+    block_s = min(SINK_KEYS, max(16, triton.next_power_of_2(kplan.sink)))
     return dict(SINK=kplan.sink, WINDOW=kplan.window, DILATION=kplan.dilation, CAUSAL=kplan.causal, HEAD_DIM=d,
-                BLOCK_D=d, BLOCK_S=max(16, triton.next_power_of_2(kplan.sink)),
+                BLOCK_D=d, BLOCK_S=block_s, N_KC=-(-kplan.sink // block_s),
                 DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
 
 
@@ -1258,22 +1262,39 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     h0, hs = grp.h0, grp.h1 - grp.h0
     convert = dq_in is not dq
     # rows that see a sink key outside their window: causal undilated from row W on (else any)
-    row0 = 0 if convert or not kp.causal or kp.dilation > 1 else min(kp.window, n)
+    first = 0 if not kp.causal or kp.dilation > 1 else min(kp.window, n)
+    row0 = 0 if convert else first
     if row0 >= n:
         return
     consts = _sink_consts(kp, q)
-    chunk, chunks = _sink_chunks(n - row0, b * hs)
-    parts = torch.empty((2, chunks, b * hs, consts["BLOCK_S"], d), dtype=torch.float32, device=q.device)
-    strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
-    direct.launch(
-        sink_kernels.sink_bwd, (chunks, b * hs), q, k, v, do, lse2, delta, dq_in, dq, parts[0], parts[1],
-        *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
-        h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
-        **consts, BLOCK_M=SINK_BWD_ROWS[d], CONVERT=convert, STAGES=SINK_BWD_STAGES, num_warps=SINK_WARPS,
-    )
-    # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
     s = min(kp.sink, n)
-    sums = parts.sum(1).view(2, b, hs // group, group, consts["BLOCK_S"], d).sum(3)[:, :, :, :s]
+    strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
+
+    def launch(row0, key_chunks, dq_terms, kv):
+        """One launch over rows [row0, N) and ``key_chunks`` chunks of sink keys: its fp32
+        partial dK / dV [2, row chunks, B x heads, key chunks x BLOCK_S, D] when ``kv``."""
+        chunk, chunks = _sink_chunks(n - row0, b * hs * key_chunks)
+        parts = (torch.empty((2, chunks, b * hs, key_chunks * consts["BLOCK_S"], d), dtype=torch.float32,
+                             device=q.device) if kv else None)
+        direct.launch(
+            sink_kernels.sink_bwd, (chunks, b * hs, key_chunks), q, k, v, do, lse2, delta, dq_in, dq,
+            parts[0] if kv else lse2, parts[1] if kv else lse2,
+            *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
+            h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
+            **dict(consts, N_KC=1 if kv else consts["N_KC"]), BLOCK_M=SINK_BWD_ROWS[d],
+            CONVERT=convert and dq_terms, STAGES=SINK_BWD_STAGES, DQ=dq_terms, KV=kv, num_warps=SINK_WARPS,
+        )
+        return parts
+
+    if consts["N_KC"] == 1:   # one launch: dQ's terms and the keys' dK / dV
+        parts = launch(row0, 1, True, True)
+    else:   # the key chunks' dK / dV (from the first row that sees a sink key), then dQ's terms
+        parts = launch(first, -(-s // consts["BLOCK_S"]), False, True) if first < n else None
+        launch(row0, 1, True, False)
+        if parts is None:
+            return
+    # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
+    sums = parts.sum(1).view(2, b, hs // group, group, parts.shape[3], d).sum(3)[:, :, :, :s]
     hk0 = h0 // group
     for x, add in zip((dk, dv), sums):
         rows = x[:, hk0:hk0 + hs // group, :s]
@@ -1379,8 +1400,9 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
                      arch: int = 90) -> dict:
     """The sink passes (``kernels/sink.py``) of a plan with a sink compiled for sm_{arch} without a
     GPU, with the constexprs and warps the launchers give them: {"fwd": ``sink_fwd``, "bwd": the
-    two-kernel form's ``sink_bwd``, "convert": the fused form's}. Run it in a process without
-    TRITON_INTERPRET."""
+    two-kernel form's ``sink_bwd``, "convert": the fused form's}; for a sink of several key chunks
+    ``sink_bwd``'s launches are {"kv": the chunks' dK / dV, "bwd" / "convert": dQ's terms over the
+    chunks}. Run it in a process without TRITON_INTERPRET."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -1390,11 +1412,14 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
     fp32 = ("LSE", "LSE2", "DELTA", "PK", "PV")
     consts = _sink_consts(kplan, torch.empty((1, 1, 1, head_dim), dtype=dtype, device="meta"))
     out = {}
-    for name, kern, extra in (("fwd", sink_kernels.sink_fwd, dict(BLOCK_M=SINK_FWD_ROWS)),
-                              ("bwd", sink_kernels.sink_bwd, dict(BLOCK_M=SINK_BWD_ROWS[head_dim], CONVERT=False,
-                                                                  STAGES=SINK_BWD_STAGES)),
-                              ("convert", sink_kernels.sink_bwd, dict(BLOCK_M=SINK_BWD_ROWS[head_dim], CONVERT=True,
-                                                                      STAGES=SINK_BWD_STAGES))):
+    one = consts["N_KC"] == 1
+    bwd = dict(BLOCK_M=SINK_BWD_ROWS[head_dim], STAGES=SINK_BWD_STAGES, DQ=True, KV=one)
+    forms = [("fwd", sink_kernels.sink_fwd, dict(BLOCK_M=SINK_FWD_ROWS)),
+             ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False)),
+             ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True))]
+    if not one:
+        forms.append(("kv", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, DQ=False, KV=True, N_KC=1)))
+    for name, kern, extra in forms:
         cx = dict(consts, **extra)
         # as a launch on torch's tensors specialises it: pointers 16-byte aligned, strides and
         # the chunk multiples of 16 (the loads that can be pipelined then are)

@@ -206,19 +206,19 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     it); which says which forward family runs, with MSA_CODEGEN_GLUON set or not."""
     from msa_codegen.kernels import gluon
 
-    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,dilation=2,sink=65;8-15:window=4096,sink=64",
+    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,dilation=2,sink=257;8-15:window=4096,sink=64",
                  "--family", "gluon"], tmp_path))
     lines = p.stdout.splitlines()
     assert lines[0].startswith("# Gluon forward") and "head dim 128, bfloat16: eligible" in lines[0]
-    assert ("# window=64,dilation=2,sink=65: no Gluon kernel (dilation=2 with sink=65 > 64 (the sink pass holds the "
-            "sink's keys in registers)); the Triton kernels run it") in lines
+    assert ("# window=64,dilation=2,sink=257: no Gluon kernel (dilation=2 with sink=257 > 256 (the sink pass's work "
+            "grows with the sink's keys)); the Triton kernels run it") in lines
     if gluon.api()[0] is not None:
         assert "# generated from msa_codegen/templates/gluon/fwd.py.jinja" in p.stdout and "def msa_gluon_fwd(" in p.stdout
-    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,sink=80;8-15:causal=false,window=64", "--family",
+    p = _ok(run([*CODEGEN, "render", "--pattern", "0-7:window=64,sink=300;8-15:causal=false,window=64", "--family",
                  "gluon", "--direction", "bwd"], tmp_path))
     lines = p.stdout.splitlines()
     assert lines[0].startswith("# Gluon backward") and "eligible" in lines[0]
-    assert any(line.startswith("# window=64,sink=80: no Gluon kernel (sink=80 > 64") for line in lines)
+    assert any(line.startswith("# window=64,sink=300: no Gluon kernel (sink=300 > 256") for line in lines)
     if gluon.api()[0] is not None:
         assert "# generated from msa_codegen/templates/gluon/bwd.py.jinja" in p.stdout
         assert "def msa_gluon_bwd_dkdv(" in p.stdout and "def msa_gluon_bwd_dq(" in p.stdout
@@ -236,12 +236,12 @@ def test_render_and_which_name_the_gluon_family(tmp_path):
     # unset, with --heads: a call of 4096 rows, 4 heads at D=128 (a few GFLOP) stays on Triton by its size
     p = _ok(run([*CODEGEN, *which, "--heads", "4"], tmp_path, MSA_CODEGEN_GLUON=None))
     assert "forward kernels: triton (MSA_CODEGEN_GLUON is not set, plain windows from" in p.stdout
-    p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2,sink=80", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
-    why = "dilation=2 with sink=80 > 64 (the sink pass holds the sink's keys in registers)"
+    p = _ok(run([*CODEGEN, *which[:2], "window=4096,dilation=2,sink=300", *which[3:]], tmp_path, MSA_CODEGEN_GLUON="1"))
+    why = "dilation=2 with sink=300 > 256 (the sink pass's work grows with the sink's keys)"
     assert f"forward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: {why})" in p.stdout
     assert f"backward kernels: triton (MSA_CODEGEN_GLUON=1, but gluon is not eligible: {why})" in p.stdout
-    # a dilated window, with a sink of up to 64 keys or without one: eligible (its residue classes)
-    for pattern in ("window=4096,dilation=2", "window=4096,dilation=2,sink=64"):
+    # a dilated window, with a sink of up to 256 keys or without one: eligible (its residue classes)
+    for pattern in ("window=4096,dilation=2", "window=4096,dilation=2,sink=64", "window=4096,dilation=2,sink=256"):
         p = _ok(run([*CODEGEN, *which[:2], pattern, *which[3:]], tmp_path, MSA_CODEGEN_GLUON="0"))
         assert "forward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout, pattern
         assert "backward kernels: triton (MSA_CODEGEN_GLUON=0; gluon eligible)" in p.stdout, pattern

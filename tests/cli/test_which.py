@@ -13,7 +13,7 @@ from msa_codegen.tuning.database import TuningDB
 from msa_codegen.tuning.keys import triton_version
 from msa_codegen.tuning.lookup import reload
 
-PATTERN = "window=4096,dilation=2,sink=80"   # the Triton kernels' alone (no Gluon knobs listed)
+PATTERN = "window=4096,dilation=2,sink=300"   # the Triton kernels' alone (no Gluon knobs listed)
 WHICH = ["which", "--pattern", PATTERN, "--seqlen", "131072", "--head-dim", "128", "--dtype", "bf16"]
 FWD = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
 BWD = {"block_m1": 64, "block_n1": 64, "num_warps1": 4, "num_stages1": 2,

@@ -32,9 +32,10 @@ from msa_codegen.plan import plan_for
 
 ELIGIBLE = ["causal", "causal=false", "window=4096", "window=1", "causal=false,window=300", "window=512,sink=64",
             "causal=false,window=200,sink=100", "topk=16", "causal=false,topk=3", "topk=64,block=128",
-            "window=512,dilation=2", "causal=false,window=300,dilation=3", "window=512,dilation=2,sink=4"]
-NOT_ELIGIBLE = [("window=512,dilation=2,sink=65",
-                 "dilation=2 with sink=65 > 64 (the sink pass holds the sink's keys in registers)"),
+            "window=512,dilation=2", "causal=false,window=300,dilation=3", "window=512,dilation=2,sink=4",
+            "window=512,dilation=2,sink=256"]
+NOT_ELIGIBLE = [("window=512,dilation=2,sink=257",
+                 "dilation=2 with sink=257 > 256 (the sink pass's work grows with the sink's keys)"),
                 ("causal=false,global=16", "global=16"),
                 ("window=64,random=2", "random=2"),
                 ("window=64,topk=2", "topk=2 with window (the family runs the top-k term alone)"),
@@ -51,8 +52,9 @@ def test_render_is_deterministic_python_and_specialised_by_the_plan():
     sources = {p: gluon.render(_plan(p)) for p in ELIGIBLE}
     assert all(gluon.render(_plan(p)) == s for p, s in sources.items())   # same plan, same text
     # every plan its own text, but a dilated window with a sink: its classes run the window alone
-    assert len(set(sources.values())) == len(ELIGIBLE) - 1
+    assert len(set(sources.values())) == len(ELIGIBLE) - 2
     assert sources["window=512,dilation=2,sink=4"] == sources["window=512,dilation=2"]
+    assert sources["window=512,dilation=2,sink=256"] == sources["window=512,dilation=2"]
     for p, src in sources.items():
         ast.parse(src)
         assert src.startswith("# generated from msa_codegen/templates/gluon/fwd.py.jinja"), p
@@ -530,9 +532,9 @@ def test_a_cpu_call_is_not_eligible_and_says_why():
     q, k, v, _ = make_inputs(1, 2, 1, 64, 64, torch.float32, "cpu")
     plan = plan_for("window=16", q.device, q.dtype, 64, 2, 1, 64)
     assert "not a CUDA GPU" in gluon.why_not(plan, q, k, v, 0.125)
-    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2,sink=65", q.device, q.dtype, 64, 2, 1, 64)
-    assert gluon.why_not(plan, q, k, v, 0.125) == ("heads 1-1: dilation=2 with sink=65 > 64 (the sink pass holds "
-                                                   "the sink's keys in registers)")
+    plan = plan_for("0-0:window=16;1-1:window=8,dilation=2,sink=257", q.device, q.dtype, 64, 2, 1, 64)
+    assert gluon.why_not(plan, q, k, v, 0.125) == ("heads 1-1: dilation=2 with sink=257 > 256 (the sink pass's "
+                                                   "work grows with the sink's keys)")
 
 
 def test_a_dilated_window_runs_its_residue_classes_as_strided_views():
@@ -598,7 +600,9 @@ def _forward_model(kplan):
     ("0-1:window=16;2-3:causal=false,window=8,dilation=4", 96, 2, 4, 2, "bhnd"),
     # a sink: the classes run the window alone, the sink pass (Triton: the interpreter) merges the rest
     ("window=30,dilation=2,sink=5", 400, 2, 4, 2, "bnhd"), ("causal=false,window=20,dilation=3,sink=64", 390, 1, 3, 1, "bhnd"),
-    ("0-1:window=16,sink=3;2-3:causal=false,window=8,dilation=4,sink=9", 96, 2, 4, 2, "bhnd")])
+    ("0-1:window=16,sink=3;2-3:causal=false,window=8,dilation=4,sink=9", 96, 2, 4, 2, "bhnd"),
+    # a sink of several key chunks (gluon.SINK_KEYS), folded by the pass's online softmax
+    ("window=20,dilation=2,sink=100", 260, 1, 4, 2, "bnhd"), ("causal=false,window=10,dilation=3,sink=200", 390, 1, 3, 1, "bhnd")])
 def test_the_forward_launcher_runs_the_residue_classes_through_a_model(monkeypatch, pattern, n, b, hq, hkv, layout):
     """gluon.forward with its kernel replaced by a float64 model that reads and writes exactly
     what the launcher passes: a dilated group's residue classes (one launch each, strided views,
@@ -721,7 +725,7 @@ def test_unset_the_variable_asks_for_top_k_plans_on_the_tested_triton(monkeypatc
     dense forward at D=128; not the other terms; the variable overrides it both ways."""
     topk, window = [_plan("topk=16")], [_plan("window=4096")]
     docs = [_plan("window=4096", documents=True), _plan("causal", documents=True)]
-    others = [_plan(p) for p in ("window=4096,dilation=2,sink=80", "causal=false,window=256,global=2",
+    others = [_plan(p) for p in ("window=4096,dilation=2,sink=300", "causal=false,window=256,global=2",
                                  "causal=false,window=64,random=2")]
     monkeypatch.delenv(gluon.ENV, raising=False)
     assert not gluon.requested()
@@ -854,9 +858,9 @@ def test_describe_names_the_family_and_why(monkeypatch):
     monkeypatch.setenv(gluon.ENV, "1")
     line = gluon.describe(plans, "9.0", torch.bfloat16, 128)
     assert line.startswith("forward kernels: gluon" if NAMES else "forward kernels: triton"), line
-    line = gluon.describe([_plan("window=64,dilation=2,sink=65")], "9.0", torch.bfloat16, 128)
-    assert line == (f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2 with sink=65 "
-                    "> 64 (the sink pass holds the sink's keys in registers))")
+    line = gluon.describe([_plan("window=64,dilation=2,sink=257")], "9.0", torch.bfloat16, 128)
+    assert line == (f"forward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: dilation=2 with sink=257 "
+                    "> 256 (the sink pass's work grows with the sink's keys))")
     assert "capability 8.0" in gluon.describe(plans, "8.0", torch.bfloat16, 128)
     # a dilated window: with the call's N (which --seqlen), whether its residue classes divide it
     dilated = [_plan("window=64,dilation=2")]
@@ -899,12 +903,12 @@ def test_an_ineligible_call_runs_triton_and_logs_why_once(monkeypatch, caplog, d
     ran = []
     monkeypatch.setattr(gluon, "forward", lambda *a, **kw: ran.append(1))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    q, k, v, _ = make_inputs(1, 2, 1, 70, 64, dtype, device)
+    q, k, v, _ = make_inputs(1, 2, 1, 290, 64, dtype, device)
     with caplog.at_level(logging.WARNING, logger=gluon.__name__):
         for _ in range(2):
-            out = msa.attention(q, k, v, "window=16,dilation=2,sink=65")
+            out = msa.attention(q, k, v, "window=16,dilation=2,sink=257")
     assert not ran
-    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2,sink=65")) < FLOOR[dtype]
+    assert rel_err(out, msa.reference_attention(q, k, v, "window=16,dilation=2,sink=257")) < FLOOR[dtype]
     lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__]
     assert len(lines) == 1 and "dilation=2" in lines[0] and "Triton forward runs" in lines[0], lines
 
@@ -1005,7 +1009,10 @@ GPU_CASES = ([("window=4096", *s) for s in _SHAPES] + [("causal", *s) for s in _
                 ("causal=false,window=300,dilation=4", 4096 + 36, 64, 16, 16, FP)]
              # and a sink: its pairs outside the window merged into the classes' rows (kernels/sink.py)
              + [("window=256,dilation=2,sink=64", 1000, 128, 4, 1, BF),
-                ("causal=false,window=300,dilation=3,sink=5", 4096 + 38, 64, 16, 16, FP)])
+                ("causal=false,window=300,dilation=3,sink=5", 4096 + 38, 64, 16, 16, FP),
+                # a sink of several key chunks, folded by the merge's online softmax
+                ("window=256,dilation=2,sink=200", 1000, 128, 4, 1, BF),
+                ("causal=false,window=300,dilation=3,sink=256", 4096 + 38, 64, 16, 16, FP)])
 
 
 def _ids(cases):
@@ -1111,7 +1118,7 @@ def test_gpu_topk_attention_with_the_variable(monkeypatch):
 
 BWD_CASES = [("window=256", 4096 + 37, 128, 4, 1, BF), ("causal=false,window=300,sink=64", 1000, 64, 16, 16, FP),
              ("window=256,dilation=2", 4096 + 38, 128, 4, 1, BF), ("window=256,dilation=2,sink=16", 4096 + 38, 128, 4, 1, BF),
-             ("window=256,sink=100", 1000, 128, 4, 1, BF)]
+             ("window=256,sink=100", 1000, 128, 4, 1, BF), ("window=256,sink=300", 1000, 128, 4, 1, BF)]
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """The Gluon backward family (kernels/gluon.py, templates/gluon/bwd.py.jinja; issue 22).
 
 CPU: rendering is deterministic, specialised by the plan and kept out of the Triton kernels'
-hash; the eligibility rules (windows, a sink of at most 64 keys, no split KV heads); the rendered tiling
+hash; the eligibility rules (windows, a sink of at most 256 keys, no split KV heads); the rendered tiling
 of both kernels run as Python over NumPy against the pattern's mask; the routing in
 ``launch.backward`` (an ineligible call runs the Triton backward and logs why once); the
 launcher with its kernels replaced by a float64 model of them (the reference gradients); an
@@ -34,9 +34,10 @@ from msa_codegen.plan import plan_for
 
 ELIGIBLE = ["window=4096", "window=1", "window=300", "causal=false,window=300", "causal=false,window=1", "topk=16",
             "causal=false,topk=3", "window=512,dilation=2", "causal=false,window=30,dilation=5", "window=512,sink=64",
-            "causal=false,window=8,sink=1", "window=512,dilation=2,sink=64"]
-NOT_ELIGIBLE = [("window=512,sink=65", "sink=65 > 64"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
-                ("window=512,dilation=2,sink=65", "dilation=2 with sink=65 > 64"), ("window=64,topk=2", "topk=2 with window"),
+            "causal=false,window=8,sink=1", "window=512,dilation=2,sink=64",
+            "window=512,sink=65", "window=512,dilation=2,sink=256"]
+NOT_ELIGIBLE = [("window=512,sink=257", "sink=257 > 256"), ("causal", "dense pattern"), ("causal=false", "dense pattern"),
+                ("window=512,dilation=2,sink=257", "dilation=2 with sink=257 > 256"), ("window=64,topk=2", "topk=2 with window"),
                 ("topk=2,block=64", "block=64"),
                 ("causal=false,global=16", "global=16")]
 
@@ -48,8 +49,9 @@ def test_render_is_deterministic_python_and_specialised_by_the_plan():
     sources = {p: gluon.render(_plan(p), "bwd") for p in ELIGIBLE}
     assert all(gluon.render(_plan(p), "bwd") == s for p, s in sources.items())
     # every plan its own text, but a dilated window with a sink: its classes run the window alone
-    assert len(set(sources.values())) == len(ELIGIBLE) - 1
+    assert len(set(sources.values())) == len(ELIGIBLE) - 2
     assert sources["window=512,dilation=2,sink=64"] == sources["window=512,dilation=2"]
+    assert sources["window=512,dilation=2,sink=256"] == sources["window=512,dilation=2"]
     assert "(the sink)" in sources["window=512,sink=64"] and "(the sink)" not in sources["window=512,dilation=2"]
     for p, src in sources.items():
         ast.parse(src)
@@ -87,8 +89,8 @@ def test_why_not_bwd_names_the_reason():
     q, k, v, _ = make_inputs(1, 4, 2, 64, 64, torch.float32, "cpu")
     plan = plan_for("window=16", q.device, q.dtype, 64, 4, 2, 64)
     assert "not a CUDA GPU" in gluon.why_not_bwd(plan, q, k, v)
-    plan = plan_for("0-1:window=16;2-3:window=8,sink=100", q.device, q.dtype, 64, 4, 2, 64)
-    assert gluon.why_not_bwd(plan, q, k, v).startswith("heads 2-3: sink=100")
+    plan = plan_for("0-1:window=16;2-3:window=8,sink=300", q.device, q.dtype, 64, 4, 2, 64)
+    assert gluon.why_not_bwd(plan, q, k, v).startswith("heads 2-3: sink=300")
     # query heads 0-2 and 3 of KV heads 0-1 (group 2): KV head 1 spans both groups
     plan = plan_for("0-2:window=16;3-3:window=8", q.device, q.dtype, 64, 4, 2, 64)
     assert "two head groups" in gluon.why_not_bwd(plan, q, k, v)
@@ -101,8 +103,8 @@ def test_describe_bwd_names_the_family_and_why(monkeypatch):
     monkeypatch.setenv(gluon.ENV, "1")
     line = gluon.describe_bwd([_plan("window=4096")], "9.0", torch.bfloat16, 128)
     assert line.startswith("backward kernels: gluon" if NAMES else "backward kernels: triton"), line
-    line = gluon.describe_bwd([_plan("window=64,sink=100")], "9.0", torch.bfloat16, 128)
-    assert line.startswith(f"backward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: sink=100")
+    line = gluon.describe_bwd([_plan("window=64,sink=300")], "9.0", torch.bfloat16, 128)
+    assert line.startswith(f"backward kernels: triton ({gluon.ENV}=1, but gluon is not eligible: sink=300")
 
 
 @needs_api
@@ -129,8 +131,8 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
     ran = []
     monkeypatch.setattr(gluon, "backward", lambda *a, **kw: ran.append(1))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    pattern = "window=16,sink=65"
-    q, k, v, _ = make_inputs(1, 2, 1, 90, 64, dtype, device)
+    pattern = "window=16,sink=257"
+    q, k, v, _ = make_inputs(1, 2, 1, 290, 64, dtype, device)
     with caplog.at_level(logging.WARNING, logger=gluon.__name__):
         for _ in range(2):
             dq, = torch.autograd.grad(msa.attention(q, k, v, pattern).sum(), (q,))
@@ -140,7 +142,7 @@ def test_an_ineligible_backward_runs_triton_and_logs_why_once(monkeypatch, caplo
     assert rel_err(dq, dq_ref) < FLOOR[dtype]
     lines = [r.getMessage() for r in caplog.records if r.name == gluon.__name__ and "backward" in r.getMessage()]
     assert len(lines) == 1 and "Triton backward runs" in lines[0], lines
-    assert "sink=65" in lines[0]   # the pattern is checked first, on any device
+    assert "sink=257" in lines[0]   # the pattern is checked first, on any device
 
 
 # ---- CPU: the rendered tiling, run in Python ------------------------------------------------------
@@ -435,6 +437,10 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
                # a dilated window's sink: the classes' stats rows gathered in the rows' order for the pass
                ("window=30,dilation=2,sink=5", 400, 2, 4, 2, "bnhd"),
                ("causal=false,window=20,dilation=3,sink=64", 390, 1, 3, 1, "bhnd"),
+               # a sink of several key chunks (gluon.SINK_KEYS): their dK / dV in a launch of their
+               # own, then dQ's terms over every chunk; a chunk's keys past the sink or N
+               ("window=50,sink=150", 300, 2, 4, 2, "bnhd"), ("causal=false,window=30,sink=130", 257, 1, 2, 1, "bhnd"),
+               ("window=20,dilation=2,sink=100", 260, 1, 4, 2, "bnhd"), ("window=16,sink=256", 200, 1, 2, 2, "bhnd"),
                # head groups: a sink's beside a plain window's (the fused form converts the sink
                # group's dQ in its pass and copies the others'), a dilated one's with a sink
                ("0-1:window=30,sink=5;2-3:causal=false,window=20", 200, 2, 4, 2, "bnhd"),
@@ -609,16 +615,22 @@ def test_the_sink_passes_compile_for_sm90(tmp_path):
     """The sink passes (``kernels/sink.py``) at the launchers' constexprs and warps compile for
     sm_90 without a GPU, within its shared memory: the backward's row loops pipelined over
     ``gluon.SINK_BWD_STAGES`` (asynchronous copies in its PTX; at 4 stages the fused form's
-    64-row tiles at D=128 need 280 KB and would fail at launch)."""
+    64-row tiles at D=128 need 280 KB and would fail at launch); a sink of several key chunks in
+    its three launches (the chunks' dK / dV, dQ's terms over them)."""
     pytest.importorskip("triton.backends.nvidia")
-    cases = [("window=4096,sink=64", "bfloat16", 128), ("causal=false,window=300,dilation=3,sink=9", "float16", 64)]
+    cases = [("window=4096,sink=64", "bfloat16", 128), ("causal=false,window=300,dilation=3,sink=9", "float16", 64),
+             ("window=4096,dilation=2,sink=256", "bfloat16", 128), ("causal=false,window=300,sink=100", "float16", 64)]
     rows = run_aot_source(_AOT_SINK, cases, tmp_path)
-    for (_, _, d), row in zip(cases, rows):
-        assert all(0 < row[k]["shared"] <= 232448 and row[k]["cubin"] > 0 for k in ("fwd", "bwd", "convert")), row
+    for (pattern, _, d), row in zip(cases, rows):
+        forms = ("fwd", "bwd", "convert") + (("kv",) if int(pattern.rpartition("=")[2]) > gluon.SINK_KEYS else ())
+        assert sorted(row) == sorted(forms), row
+        assert all(0 < row[k]["shared"] <= 232448 and row[k]["cubin"] > 0 for k in forms), row
         if gluon.SINK_BWD_STAGES > 1:
             assert row["bwd"]["cp_async"] and row["convert"]["cp_async"], row
-        # the fused form's stages hold its fp32 dQ rows besides q and dO
-        assert row["convert"]["shared"] > row["bwd"]["shared"], row
+        if "kv" in row:   # the chunks' dK / dV pipelined like one chunk's, beside q and dO
+            assert row["kv"]["cp_async"] or gluon.SINK_BWD_STAGES == 1, row
+        else:   # the fused form's stages hold its fp32 dQ rows besides q and dO
+            assert row["convert"]["shared"] > row["bwd"]["shared"], row
 
 
 _SPILLS = SASS_OF + """
@@ -669,7 +681,10 @@ GPU_CASES = [("window=256", 1000, 128, 4, 1, BF), ("window=4096", 8192, 128, 16,
              # a sink: its pairs outside the window by the Triton sink pass (kernels/sink.py)
              ("window=256,sink=64", 1000, 128, 4, 1, BF), ("window=4096,sink=64", 8192, 128, 16, 16, BF),
              ("causal=false,window=300,sink=5", 4133, 64, 16, 16, FP), ("window=100,sink=37", 4133, 128, 4, 2, FP),
-             ("window=256,dilation=2,sink=64", 1000, 128, 4, 1, BF), ("causal=false,window=300,dilation=3,sink=9", 4134, 64, 16, 16, FP)]
+             ("window=256,dilation=2,sink=64", 1000, 128, 4, 1, BF), ("causal=false,window=300,dilation=3,sink=9", 4134, 64, 16, 16, FP),
+             # a sink of several key chunks (gluon.SINK_KEYS): their dK / dV, then dQ's terms over them
+             ("window=256,sink=200", 1000, 128, 4, 1, BF), ("window=4096,sink=256", 8192, 128, 16, 16, BF),
+             ("causal=false,window=300,dilation=3,sink=130", 4134, 64, 16, 16, FP)]
 
 
 def _ids(cases):

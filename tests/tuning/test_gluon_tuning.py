@@ -43,8 +43,8 @@ def test_the_gluon_hash_keys_each_direction_apart_from_the_triton_kernels():
     assert kernel_hash(WINDOW) not in (fwd, bwd)
     assert keys.gluon_hash("window=4096", "fwd") == keys.gluon_hash("causal,window=4096", "fwd")   # canonical
     assert keys.gluon_hash("window=2048", "fwd") != fwd                                           # another plan
-    # a direction the family cannot run has no hash: a sink over 64 keys runs the Triton backward
-    assert keys.gluon_hash("window=4096,sink=80", "fwd") and keys.gluon_hash("window=4096,sink=80", "bwd") is None
+    # a direction the family cannot run has no hash: a sink over 256 keys runs the Triton backward
+    assert keys.gluon_hash("window=4096,sink=300", "fwd") and keys.gluon_hash("window=4096,sink=300", "bwd") is None
     # a dilated window runs the plain window's kernels on its residue classes, with a sink too
     # (the sink's pairs outside the window are a Triton pass's); a sink's backward runs the
     # window's kernels: the same code (their rows stay apart by their pattern)
