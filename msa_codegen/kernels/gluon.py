@@ -97,7 +97,9 @@ BWD_BLOCK_M = 64
 BWD_RING = {64: 2, 128: 2}   # D=128: dQ's Q, dO and 2 x (K, V) slots take 196,608 B (probe); 3 would not fit
 
 #: the most sink keys the Gluon family takes where the sink pass runs (the backward, the dilated
-#: forward); a longer sink runs the Triton family there
+#: forward); a longer sink runs the Triton family there. The pass's time grows with the keys:
+#: forward+backward at ``window=4096`` N=131072 H=16 D=128 0.85x / 0.90x the time with the
+#: Triton backward at 128 / 256 keys (H200, Triton 3.6, 2026-12-06); longer sinks not measured
 MAX_SINK = 256
 #: sink keys a program of the sink pass holds (K, V, dK, dV in registers); a longer sink runs in
 #: chunks of this many keys (``kernels/sink.py``)
