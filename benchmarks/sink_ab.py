@@ -93,11 +93,11 @@ def pass_arguments(pattern: str, form: str, n: int, h: int, d: int, device: str)
 
 
 def _with(a: tuple) -> tuple:
-    """``a`` with fresh copies of dq, dk, dv (dq_in stays: the fused form's copy is read only)."""
+    """``a`` with fresh copies of dq_in, dq, dk, dv (the fused form's fp32 copy too: a sink of
+    several key chunks adds to it in place)."""
     b = list(a)
     b[8], b[9], b[10] = a[8].clone(), a[9].clone(), a[10].clone()
-    if a[7] is a[8]:
-        b[7] = b[8]
+    b[7] = b[8] if a[7] is a[8] else a[7].clone()
     return tuple(b)
 
 

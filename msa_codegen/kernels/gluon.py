@@ -105,6 +105,9 @@ MAX_SINK = 256
 #: chunks of this many keys (``kernels/sink.py``)
 SINK_KEYS = 64
 _LONG_SINK = "the sink pass's work grows with the sink's keys"
+#: the fused backward's sink of several key chunks: one launch a chunk, each adding to the fp32 dQ
+#: copy in place (False: the two-kernel form's two launches, the second converting; an A/B knob)
+SINK_CHUNK_LAUNCHES = True
 #: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
 SINK_PROGRAMS = 512
 #: the dilated forward's sink merge (``sink_fwd``), query rows a tile
@@ -1255,7 +1258,10 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     added to ``dq_in``'s rows of the group's heads and written to ``dq`` (from the fused form's
     fp32 copy every row, converted; from the two-kernel form's dQ, ``dq_in is dq``, the rows
     that have such pairs), their dK / dV summed over the chunks' partial sums and the GQA group in
-    a fixed order and added to dK / dV's first S rows."""
+    a fixed order and added to dK / dV's first S rows. A sink of several key chunks
+    (``SINK_KEYS``): in the fused form one launch a chunk, in place on the fp32 copy, the last
+    converting; in the two-kernel form one launch for every chunk's dK / dV, then one for dQ's
+    terms over the chunks (no fp32 copy to add to)."""
     from . import sink as sink_kernels
 
     kp = grp.kernel_plan
@@ -1272,31 +1278,44 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     s = min(kp.sink, n)
     strides = [x.stride(i) for x in (q, k, v, do) for i in range(3)]
 
-    def launch(row0, key_chunks, dq_terms, kv):
-        """One launch over rows [row0, N) and ``key_chunks`` chunks of sink keys: its fp32
-        partial dK / dV [2, row chunks, B x heads, key chunks x BLOCK_S, D] when ``kv``."""
+    def launch(row0, key_chunks, dq_terms, kv, key0=0, dq_out=dq, convert=convert):
+        """One launch over rows [row0, N): ``key_chunks`` chunks of sink keys from ``key0`` (with
+        dQ's terms, one chunk, or all of them without ``kv``). Returns its fp32 partial dK / dV
+        summed over its chunks of rows, [2, B x heads, key chunks x BLOCK_S, D], when ``kv``."""
         chunk, chunks = _sink_chunks(n - row0, b * hs * key_chunks)
         parts = (torch.empty((2, chunks, b * hs, key_chunks * consts["BLOCK_S"], d), dtype=torch.float32,
                              device=q.device) if kv else None)
         direct.launch(
-            sink_kernels.sink_bwd, (chunks, b * hs, key_chunks), q, k, v, do, lse2, delta, dq_in, dq,
+            sink_kernels.sink_bwd, (chunks, b * hs, key_chunks), q, k, v, do, lse2, delta, dq_in, dq_out,
             parts[0] if kv else lse2, parts[1] if kv else lse2,
-            *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq.stride()[:3],
+            *strides, lse2.stride(0), lse2.stride(1), *dq_in.stride()[:3], *dq_out.stride()[:3],
             h0, hs, group, n, row0, chunk, scale * 1.4426950408889634, scale,
             **dict(consts, N_KC=1 if kv else consts["N_KC"]), BLOCK_M=SINK_BWD_ROWS[d],
-            CONVERT=convert and dq_terms, STAGES=SINK_BWD_STAGES, DQ=dq_terms, KV=kv, num_warps=SINK_WARPS,
+            CONVERT=convert and dq_terms, STAGES=SINK_BWD_STAGES, DQ=dq_terms, KV=kv, KEY0=key0,
+            num_warps=SINK_WARPS,
         )
-        return parts
+        return parts.sum(1) if kv else None
 
+    n_kc = -(-s // consts["BLOCK_S"])   # key chunks inside N
     if consts["N_KC"] == 1:   # one launch: dQ's terms and the keys' dK / dV
-        parts = launch(row0, 1, True, True)
-    else:   # the key chunks' dK / dV (from the first row that sees a sink key), then dQ's terms
-        parts = launch(first, -(-s // consts["BLOCK_S"]), False, True) if first < n else None
+        sums = launch(row0, 1, True, True)
+    elif convert and SINK_CHUNK_LAUNCHES:
+        # the fused form: a launch a chunk, each adding its dQ terms to the fp32 copy in place (a
+        # row's in one program: deterministic), the last converting every row
+        sums = []
+        for c in range(n_kc):
+            last = c == n_kc - 1
+            if not last and first >= n:   # no row sees a sink key outside its window
+                sums.append(torch.zeros((2, b * hs, consts["BLOCK_S"], d), dtype=torch.float32, device=q.device))
+                continue
+            sums.append(launch(0 if last else first, 1, True, True, key0=c * consts["BLOCK_S"],
+                               dq_out=dq if last else dq_in, convert=last))
+        sums = torch.cat(sums, 2)
+    else:   # the chunks' dK / dV (from the first row that sees a sink key), then dQ's terms
+        sums = launch(first, n_kc, False, True)
         launch(row0, 1, True, False)
-        if parts is None:
-            return
-    # [2, B, KV heads of the group, S, D]: over the chunks, then the query heads of each KV head
-    sums = parts.sum(1).view(2, b, hs // group, group, parts.shape[3], d).sum(3)[:, :, :, :s]
+    # [2, B, KV heads of the group, S, D]: over the query heads of each KV head
+    sums = sums.view(2, b, hs // group, group, sums.shape[2], d).sum(3)[:, :, :, :s]
     hk0 = h0 // group
     for x, add in zip((dk, dv), sums):
         rows = x[:, hk0:hk0 + hs // group, :s]
@@ -1403,8 +1422,9 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
     """The sink passes (``kernels/sink.py``) of a plan with a sink compiled for sm_{arch} without a
     GPU, with the constexprs and warps the launchers give them: {"fwd": ``sink_fwd``, "bwd": the
     two-kernel form's ``sink_bwd``, "convert": the fused form's}; for a sink of several key chunks
-    ``sink_bwd``'s launches are {"kv": the chunks' dK / dV, "bwd" / "convert": dQ's terms over the
-    chunks}. Run it in a process without TRITON_INTERPRET."""
+    ``sink_bwd``'s launches are {"kv": the two-kernel form's chunks' dK / dV, "bwd": its dQ terms
+    over the chunks, "chunk": the fused form's launch of a middle chunk (in place on the fp32
+    copy), "convert": of the last}. Run it in a process without TRITON_INTERPRET."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -1415,12 +1435,17 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
     consts = _sink_consts(kplan, torch.empty((1, 1, 1, head_dim), dtype=dtype, device="meta"))
     out = {}
     one = consts["N_KC"] == 1
-    bwd = dict(BLOCK_M=SINK_BWD_ROWS[head_dim], STAGES=SINK_BWD_STAGES, DQ=True, KV=one)
+    bwd = dict(BLOCK_M=SINK_BWD_ROWS[head_dim], STAGES=SINK_BWD_STAGES, DQ=True, KV=True, N_KC=1, KEY0=0)
     forms = [("fwd", sink_kernels.sink_fwd, dict(BLOCK_M=SINK_FWD_ROWS)),
              ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False)),
              ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True))]
-    if not one:
-        forms.append(("kv", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, DQ=False, KV=True, N_KC=1)))
+    if not one:   # the two-kernel form's launches; the fused form's chunks (a middle one, the last)
+        last = (consts["N_KC"] - 1) * consts["BLOCK_S"]
+        forms = [forms[0],
+                 ("kv", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, DQ=False)),
+                 ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, KV=False, N_KC=consts["N_KC"])),
+                 ("chunk", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, KEY0=consts["BLOCK_S"])),
+                 ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True, KEY0=last))]
     for name, kern, extra in forms:
         cx = dict(consts, **extra)
         # as a launch on torch's tensors specialises it: pointers 16-byte aligned, strides and
@@ -1434,8 +1459,10 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
             elif a in ("H0", "HS", "GROUP", "N", "ROW0"):
                 sig[a] = "i32"
             else:
+                fused = extra.get("CONVERT") or name == "chunk"   # reads the fp32 copy
                 sig[a] = ("i32" if a.startswith("stride_") or a == "CHUNK" else
-                          "*fp32" if a in fp32 or (a == "DQ_IN" and extra.get("CONVERT")) else f"*{short}")
+                          "*fp32" if a in fp32 or (a == "DQ_IN" and fused) or (a == "DQ_OUT" and name == "chunk")
+                          else f"*{short}")
                 attrs[(i,)] = [["tt.divisibility", 16]]
         cs = {(kern.arg_names.index(a),): value for a, value in cx.items()}
         out[name] = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cs, attrs=attrs),

@@ -230,15 +230,16 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
              SINK: tl.constexpr, WINDOW: tl.constexpr, DILATION: tl.constexpr, CAUSAL: tl.constexpr,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
              CONVERT: tl.constexpr, STAGES: tl.constexpr, DQ: tl.constexpr, KV: tl.constexpr,
-             N_KC: tl.constexpr, DOT_PREC: tl.constexpr):
+             N_KC: tl.constexpr, KEY0: tl.constexpr, DOT_PREC: tl.constexpr):
     # grid: (chunks of CHUNK rows from ROW0, B * HS, key chunks). Query head h = H0 + pid % HS reads
     # KV head h // GROUP. Rows of q, do, dq: (b, h, i) at b * stride_xb + h * stride_xh + i *
     # stride_xn, the last dim contiguous; LSE2 / DELTA rows at (stride_lb, stride_lh).
-    # Three forms: a sink of at most BLOCK_S keys (DQ and KV, N_KC = 1, one key chunk) in one
-    # launch; a longer one in two, KV alone (program id 2: the key chunk [i * BLOCK_S, ...) it
-    # holds) and DQ alone (N_KC chunks, each loaded by every row tile). KV: PK / PV, fp32
-    # [chunks, B * HS, key chunks * BLOCK_S, BLOCK_D] contiguous, take the program's partial dK / dV
-    # of its sink keys.
+    # Forms: DQ and KV, one chunk of keys from KEY0 (N_KC = 1; the whole sink when it is one
+    # chunk; the fused form runs a longer sink as one such launch a chunk, dQ's fp32 copy added
+    # to in place, the last converting); KV alone, program id 2 the key chunk [i * BLOCK_S, ...)
+    # it holds; DQ alone, over N_KC chunks, each loaded by every row tile (the two-kernel form's
+    # longer sink: the KV launch, then this). KV: PK / PV, fp32 [chunks, B * HS, key chunks *
+    # BLOCK_S, BLOCK_D] contiguous, take the program's partial dK / dV of its sink keys.
     i_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_kc = tl.program_id(2)
@@ -253,8 +254,9 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     p_out = DQ_OUT + tl.cast(i_b, tl.int64) * stride_ob + tl.cast(i_h, tl.int64) * stride_oh
     s_row = tl.cast(i_b, tl.int64) * stride_lb + tl.cast(i_h, tl.int64) * stride_lh
     if KV:
-        # the keys from 0 in one launch (DQ too), else this program's chunk
-        key0 = 0 if DQ else i_kc * BLOCK_S
+        # with DQ the launch's chunk from KEY0 (the whole sink from 0 when it is one chunk), else
+        # this program's
+        key0 = KEY0 if DQ else i_kc * BLOCK_S
         o_s, m_s, b_k, b_v = _sink_keys(p_k, p_v, stride_kn, stride_vn, key0, N, o_d, m_d, SINK, BLOCK_S)
         b_dk = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
         b_dv = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
