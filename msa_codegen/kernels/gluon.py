@@ -105,9 +105,11 @@ MAX_SINK = 256
 #: chunks of this many keys (``kernels/sink.py``)
 SINK_KEYS = 64
 _LONG_SINK = "the sink pass's work grows with the sink's keys"
-#: the fused backward's sink of several key chunks: one launch a chunk, each adding to the fp32 dQ
-#: copy in place (False: the two-kernel form's two launches, the second converting; an A/B knob)
-SINK_CHUNK_LAUNCHES = True
+#: the fused backward's sink of several key chunks: True runs one launch a chunk, each adding to
+#: the fp32 dQ copy in place, its row loop pipelined (the last converting); False (the default)
+#: the two-kernel form's two launches, the second converting. True is untimed and not GPU-tested
+#: (benchmarks/NOTES.md, "A long sink in the fused backward"): off until a GPU run measures it
+SINK_CHUNK_LAUNCHES = False
 #: programs the sink pass aims at (rows cut into chunks so that B x heads x chunks reach it)
 SINK_PROGRAMS = 512
 #: the dilated forward's sink merge (``sink_fwd``), query rows a tile
@@ -1259,9 +1261,9 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     fp32 copy every row, converted; from the two-kernel form's dQ, ``dq_in is dq``, the rows
     that have such pairs), their dK / dV summed over the chunks' partial sums and the GQA group in
     a fixed order and added to dK / dV's first S rows. A sink of several key chunks
-    (``SINK_KEYS``): in the fused form one launch a chunk, in place on the fp32 copy, the last
-    converting; in the two-kernel form one launch for every chunk's dK / dV, then one for dQ's
-    terms over the chunks (no fp32 copy to add to)."""
+    (``SINK_KEYS``): one launch for every chunk's dK / dV, then one for dQ's terms over the
+    chunks (the fused form's converting); with ``SINK_CHUNK_LAUNCHES`` the fused form runs one
+    launch a chunk instead, in place on the fp32 copy, the last converting."""
     from . import sink as sink_kernels
 
     kp = grp.kernel_plan
@@ -1312,7 +1314,8 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
                                dq_out=dq if last else dq_in, convert=last))
         sums = torch.cat(sums, 2)
     else:   # the chunks' dK / dV (from the first row that sees a sink key), then dQ's terms
-        sums = launch(first, n_kc, False, True)
+        sums = (launch(first, n_kc, False, True) if first < n else
+                torch.zeros((2, b * hs, n_kc * consts["BLOCK_S"], d), dtype=torch.float32, device=q.device))
         launch(row0, 1, True, False)
     # [2, B, KV heads of the group, S, D]: over the query heads of each KV head
     sums = sums.view(2, b, hs // group, group, sums.shape[2], d).sum(3)[:, :, :, :s]
@@ -1422,9 +1425,9 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
     """The sink passes (``kernels/sink.py``) of a plan with a sink compiled for sm_{arch} without a
     GPU, with the constexprs and warps the launchers give them: {"fwd": ``sink_fwd``, "bwd": the
     two-kernel form's ``sink_bwd``, "convert": the fused form's}; for a sink of several key chunks
-    ``sink_bwd``'s launches are {"kv": the two-kernel form's chunks' dK / dV, "bwd": its dQ terms
-    over the chunks, "chunk": the fused form's launch of a middle chunk (in place on the fp32
-    copy), "convert": of the last}. Run it in a process without TRITON_INTERPRET."""
+    ``sink_bwd``'s launches are {"kv": the chunks' dK / dV, "bwd" / "convert": dQ's terms over
+    the chunks, "chunk" / "chunk-convert": ``SINK_CHUNK_LAUNCHES``' launch of a middle chunk (in
+    place on the fp32 copy) and of the last}. Run it in a process without TRITON_INTERPRET."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -1439,13 +1442,15 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
     forms = [("fwd", sink_kernels.sink_fwd, dict(BLOCK_M=SINK_FWD_ROWS)),
              ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False)),
              ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True))]
-    if not one:   # the two-kernel form's launches; the fused form's chunks (a middle one, the last)
+    if not one:   # the chunks' dK / dV, dQ's terms over them (converting: the fused form's); the
+        # fused form's launches a chunk (``SINK_CHUNK_LAUNCHES``: a middle chunk's, the last's)
         last = (consts["N_KC"] - 1) * consts["BLOCK_S"]
         forms = [forms[0],
                  ("kv", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, DQ=False)),
                  ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, KV=False, N_KC=consts["N_KC"])),
+                 ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True, KV=False, N_KC=consts["N_KC"])),
                  ("chunk", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, KEY0=consts["BLOCK_S"])),
-                 ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True, KEY0=last))]
+                 ("chunk-convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True, KEY0=last))]
     for name, kern, extra in forms:
         cx = dict(consts, **extra)
         # as a launch on torch's tensors specialises it: pointers 16-byte aligned, strides and

@@ -441,6 +441,8 @@ MODEL_CASES = [("window=100", 200, 2, 4, 2, "bhnd"), ("causal=false,window=70", 
                # own, then dQ's terms over every chunk; a chunk's keys past the sink or N
                ("window=50,sink=150", 300, 2, 4, 2, "bnhd"), ("causal=false,window=30,sink=130", 257, 1, 2, 1, "bhnd"),
                ("window=20,dilation=2,sink=100", 260, 1, 4, 2, "bnhd"), ("window=16,sink=256", 200, 1, 2, 2, "bhnd"),
+               # ... whose rows all see their sink keys inside the window (N <= W): dQ only converted
+               ("window=300,sink=100", 250, 1, 2, 1, "bnhd"),
                # head groups: a sink's beside a plain window's (the fused form converts the sink
                # group's dQ in its pass and copies the others'), a dilated one's with a sink
                ("0-1:window=30,sink=5;2-3:causal=false,window=20", 200, 2, 4, 2, "bnhd"),
@@ -492,6 +494,17 @@ def test_the_launcher_through_a_model_of_random_plans(monkeypatch, device):
                 test_the_launcher_through_a_model_of_the_kernels(m, device, **case)
             except AssertionError as e:
                 raise AssertionError(f"{case}, seed {seed}: {e}") from None
+
+
+LONG_SINKS = [c for c in MODEL_CASES if max(map(int, re.findall(r"sink=(\d+)", c[0])), default=0) > gluon.SINK_KEYS]
+
+
+@pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", LONG_SINKS, ids=[c[0] for c in LONG_SINKS])
+def test_the_fused_long_sink_a_launch_a_chunk(monkeypatch, device, pattern, n, b, hq, hkv, layout):
+    """``gluon.SINK_CHUNK_LAUNCHES`` (off by default, not GPU-tested): the fused form's sink of
+    several key chunks as one launch a chunk, in place on the fp32 dQ copy, through the model."""
+    monkeypatch.setattr(gluon, "SINK_CHUNK_LAUNCHES", True)
+    test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, b, hq, hkv, layout, True)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
@@ -623,14 +636,15 @@ def test_the_sink_passes_compile_for_sm90(tmp_path):
     rows = run_aot_source(_AOT_SINK, cases, tmp_path)
     for (pattern, _, d), row in zip(cases, rows):
         long = int(pattern.rpartition("=")[2]) > gluon.SINK_KEYS
-        forms = ("fwd", "bwd", "convert") + (("kv", "chunk") if long else ())
+        forms = ("fwd", "bwd", "convert") + (("kv", "chunk", "chunk-convert") if long else ())
         assert sorted(row) == sorted(forms), row
         assert all(0 < row[k]["shared"] <= 232448 and row[k]["cubin"] > 0 for k in forms), row
         if gluon.SINK_BWD_STAGES > 1:
             # the row loops pipelined (a long sink's dQ launch: its loop over the chunks)
             assert all(row[k]["cp_async"] for k in forms if k != "fwd"), row
         # the fused form's stages hold its fp32 dQ rows besides q and dO
-        assert row["convert"]["shared"] > row["bwd" if not long else "kv"]["shared"], row
+        assert row["convert"]["shared"] > row["bwd"]["shared"] or long, row
+        assert not long or row["chunk-convert"]["shared"] > row["kv"]["shared"], row
 
 
 _SPILLS = SASS_OF + """
