@@ -1283,7 +1283,11 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     def launch(row0, key_chunks, dq_terms, kv, key0=0, dq_out=dq, convert=convert):
         """One launch over rows [row0, N): ``key_chunks`` chunks of sink keys from ``key0`` (with
         dQ's terms, one chunk, or all of them without ``kv``). Returns its fp32 partial dK / dV
-        summed over its chunks of rows, [2, B x heads, key chunks x BLOCK_S, D], when ``kv``."""
+        summed over its chunks of rows, [2, B x heads, key chunks x BLOCK_S, D], when ``kv``
+        (zeros without a launch when no row is left)."""
+        if row0 >= n:
+            return (torch.zeros((2, b * hs, key_chunks * consts["BLOCK_S"], d), dtype=torch.float32, device=q.device)
+                    if kv else None)
         chunk, chunks = _sink_chunks(n - row0, b * hs * key_chunks)
         parts = (torch.empty((2, chunks, b * hs, key_chunks * consts["BLOCK_S"], d), dtype=torch.float32,
                              device=q.device) if kv else None)
@@ -1304,18 +1308,11 @@ def _sink_pass(grp, q, k, v, do, lse2, delta, dq_in, dq, dk, dv, scale: float) -
     elif convert and SINK_CHUNK_LAUNCHES:
         # the fused form: a launch a chunk, each adding its dQ terms to the fp32 copy in place (a
         # row's in one program: deterministic), the last converting every row
-        sums = []
-        for c in range(n_kc):
-            last = c == n_kc - 1
-            if not last and first >= n:   # no row sees a sink key outside its window
-                sums.append(torch.zeros((2, b * hs, consts["BLOCK_S"], d), dtype=torch.float32, device=q.device))
-                continue
-            sums.append(launch(0 if last else first, 1, True, True, key0=c * consts["BLOCK_S"],
-                               dq_out=dq if last else dq_in, convert=last))
-        sums = torch.cat(sums, 2)
+        sums = torch.cat([launch(0 if c == n_kc - 1 else first, 1, True, True, key0=c * consts["BLOCK_S"],
+                                 dq_out=dq if c == n_kc - 1 else dq_in, convert=c == n_kc - 1)
+                          for c in range(n_kc)], 2)
     else:   # the chunks' dK / dV (from the first row that sees a sink key), then dQ's terms
-        sums = (launch(first, n_kc, False, True) if first < n else
-                torch.zeros((2, b * hs, n_kc * consts["BLOCK_S"], d), dtype=torch.float32, device=q.device))
+        sums = launch(first, n_kc, False, True)
         launch(row0, 1, True, False)
     # [2, B, KV heads of the group, S, D]: over the query heads of each KV head
     sums = sums.view(2, b, hs // group, group, sums.shape[2], d).sum(3)[:, :, :, :s]

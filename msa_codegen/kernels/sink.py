@@ -59,11 +59,19 @@ def _outside(o_i, o_s, m_i, m_s, WINDOW: tl.constexpr, DILATION: tl.constexpr, C
 
 
 @triton.jit
-def _heads(pid_bh, H0, HS, GROUP):
-    """A program's batch, query head and KV head (program id ``pid_bh`` of B * HS, heads from H0)."""
+def _program(K, V, stride_kb, stride_kh, stride_vb, stride_vh, pid_bh, H0, HS, GROUP,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program's batch and query head (program id ``pid_bh`` of B * HS, heads from H0), its
+    column offsets and mask, and K / V at the first row of KV head h // GROUP:
+    (i_b, i_h, o_d, m_d, p_k, p_v)."""
     i_b = pid_bh // HS
     i_h = H0 + pid_bh % HS
-    return i_b, i_h, i_h // GROUP
+    i_hk = i_h // GROUP
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    p_k = K + tl.cast(i_b, tl.int64) * stride_kb + tl.cast(i_hk, tl.int64) * stride_kh
+    p_v = V + tl.cast(i_b, tl.int64) * stride_vb + tl.cast(i_hk, tl.int64) * stride_vh
+    return i_b, i_h, o_d, m_d, p_k, p_v
 
 
 @triton.jit
@@ -149,11 +157,8 @@ def sink_fwd(Q, K, V, O, LSE, stride_qb, stride_qh, stride_qn, stride_kb, stride
     # (from L2) and folded by an online softmax.
     i_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    i_b, i_h, i_hk = _heads(pid_bh, H0, HS, GROUP)
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
-    p_k = K + tl.cast(i_b, tl.int64) * stride_kb + tl.cast(i_hk, tl.int64) * stride_kh
-    p_v = V + tl.cast(i_b, tl.int64) * stride_vb + tl.cast(i_hk, tl.int64) * stride_vh
+    i_b, i_h, o_d, m_d, p_k, p_v = _program(K, V, stride_kb, stride_kh, stride_vb, stride_vh, pid_bh, H0, HS, GROUP,
+                                            HEAD_DIM, BLOCK_D)
     p_q = Q + tl.cast(i_b, tl.int64) * stride_qb + tl.cast(i_h, tl.int64) * stride_qh
     p_o = O + tl.cast(i_b, tl.int64) * stride_ob + tl.cast(i_h, tl.int64) * stride_oh
     p_l = LSE + tl.cast(i_b, tl.int64) * stride_lb + tl.cast(i_h, tl.int64) * stride_lh
@@ -244,11 +249,8 @@ def sink_bwd(Q, K, V, DO, LSE2, DELTA, DQ_IN, DQ_OUT, PK, PV,
     i_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     i_kc = tl.program_id(2)
-    i_b, i_h, i_hk = _heads(pid_bh, H0, HS, GROUP)
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
-    p_k = K + tl.cast(i_b, tl.int64) * stride_kb + tl.cast(i_hk, tl.int64) * stride_kh
-    p_v = V + tl.cast(i_b, tl.int64) * stride_vb + tl.cast(i_hk, tl.int64) * stride_vh
+    i_b, i_h, o_d, m_d, p_k, p_v = _program(K, V, stride_kb, stride_kh, stride_vb, stride_vh, pid_bh, H0, HS, GROUP,
+                                            HEAD_DIM, BLOCK_D)
     p_q = Q + tl.cast(i_b, tl.int64) * stride_qb + tl.cast(i_h, tl.int64) * stride_qh
     p_do = DO + tl.cast(i_b, tl.int64) * stride_dob + tl.cast(i_h, tl.int64) * stride_doh
     p_in = DQ_IN + tl.cast(i_b, tl.int64) * stride_ib + tl.cast(i_h, tl.int64) * stride_ih
