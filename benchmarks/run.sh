@@ -55,7 +55,7 @@
 #   sink-ab    benchmarks/sink_ab.py: the Gluon backward's sink pass alone in launch variants (rows x
 #              stages, another copy of kernels/sink.py) against the tree's, one process; ARGS e.g.
 #              --variant 32x3 --baseline /tmp/sink_old.py (git show REV:msa_codegen/kernels/sink.py), or
-#              --pattern window=4096,sink=256 --forms fused --chunk-launches (gluon.SINK_CHUNK_LAUNCHES)
+#              --pattern window=4096,sink=256 --forms fused --flip-chunk-launches (gluon.SINK_CHUNK_LAUNCHES)
 #   fused-ab   benchmarks/fused_ab.py: the Gluon family's fused backward against its two-kernel
 #              backward through attention(deterministic=False / True), one process, and for
 #              msa-bench's plain cases the Triton family's too; ARGS e.g.

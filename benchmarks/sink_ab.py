@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/sink_ab.py [--variant 64x3 --variant 32x2 ...] [--baseline OLD.py]
         [--pattern window=4096,sink=64] [--n 131072] [--heads 16] [--head-dim 128] [--forms fused,two-kernel]
-        [--rounds 5] [--rep-ms 50] [--chunk-launches]
+        [--rounds 5] [--rep-ms 50] [--flip-chunk-launches]
     bash benchmarks/run.sh sink-ab ARGS
 
 For experiments on the pass (benchmarks/NOTES.md, "The sink pass's row loops"). Per form of the
@@ -12,9 +12,10 @@ first and records the pass's arguments; then each variant runs the pass alone on
 ``default`` (the tree's ``gluon.SINK_BWD_ROWS`` / ``SINK_BWD_STAGES``), ``default-copy`` (the same,
 the noise control), each ``--variant ROWSxSTAGES`` and, with ``--baseline``, the ``sink_bwd`` of
 another copy of ``kernels/sink.py`` (e.g. ``git show REV:msa_codegen/kernels/sink.py``) at the
-tree's rows (stages too if it takes them); with ``--chunk-launches``, the tree's pass with
-``gluon.SINK_CHUNK_LAUNCHES`` set (a sink of several key chunks in the fused form: one launch a
-chunk). Each variant's dQ, dK and dV (fresh copies) are first
+tree's rows (stages too if it takes them); with ``--flip-chunk-launches``, the tree's pass with
+``gluon.SINK_CHUNK_LAUNCHES`` flipped (``chunk-launches off``: a sink of several key chunks in the
+fused form as two launches; ``on``: one launch a chunk, the default). Each variant's dQ, dK and
+dV (fresh copies) are first
 compared with the default's (relative error: the partial sums' order differs with the tile size,
 so expect float32 rounding, not zero); then all are timed in interleaved rounds
 (``triton.testing.do_bench`` medians with the L2 flushed; the median round and its interquartile
@@ -107,8 +108,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variant", action="append", default=[], help="ROWSxSTAGES, e.g. 64x3 (repeatable)")
     ap.add_argument("--baseline", help="another copy of kernels/sink.py whose sink_bwd to time beside the tree's")
-    ap.add_argument("--chunk-launches", action="store_true",
-                    help="also the tree's pass with gluon.SINK_CHUNK_LAUNCHES set (a long sink's fused form: a launch a chunk)")
+    ap.add_argument("--flip-chunk-launches", action="store_true",
+                    help="also the tree's pass with gluon.SINK_CHUNK_LAUNCHES flipped (a long sink's fused form: "
+                         "a launch a chunk, or two launches)")
     ap.add_argument("--pattern", default="window=4096,sink=64")
     ap.add_argument("--n", type=int, default=131072)
     ap.add_argument("--heads", type=int, default=16)
@@ -134,17 +136,17 @@ def main(argv=None) -> int:
             ap.error(str(e))
     if args.baseline:
         variants[f"baseline {Path(args.baseline).name}"] = (_load_baseline(args.baseline), base_rows, base_stages)
-    chunked = "chunk-launches"
-    if args.chunk_launches:
-        variants[chunked] = (tree_sink, base_rows, base_stages)
     base_chunked = gluon.SINK_CHUNK_LAUNCHES
+    flipped = f"chunk-launches {'off' if base_chunked else 'on'}"
+    if args.flip_chunk_launches:
+        variants[flipped] = (tree_sink, base_rows, base_stages)
 
     def use(name):
         mod, rows, stages = variants[name]
         kernels_pkg.sink = mod          # what _sink_pass imports (``from . import sink``)
         sys.modules["msa_codegen.kernels.sink"] = mod
         gluon.SINK_BWD_ROWS[d], gluon.SINK_BWD_STAGES = rows, stages
-        gluon.SINK_CHUNK_LAUNCHES = True if name == chunked else base_chunked
+        gluon.SINK_CHUNK_LAUNCHES = (not base_chunked) if name == flipped else base_chunked
 
     def run_pass(a):
         if "STAGES" not in sys.modules["msa_codegen.kernels.sink"].sink_bwd.arg_names:

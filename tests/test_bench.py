@@ -220,10 +220,12 @@ def test_sink_ab_runs_each_variants_launch(capsys, monkeypatch):
             ab.main(["--device", "cpu", "--variant", bad])
 
 
-def test_sink_ab_times_the_long_sinks_chunk_launches(capsys, monkeypatch):
-    """benchmarks/sink_ab.py --chunk-launches on the CPU (interpreter): the fused form's sink of
-    several key chunks with ``gluon.SINK_CHUNK_LAUNCHES`` (a launch a chunk: KEY0 past 0 reaches the
-    launch) beside the default's two launches, the same dQ, dK, dV; the setting restored after."""
+@pytest.mark.parametrize("base", [True, False], ids=["default-on", "default-off"])
+def test_sink_ab_flips_the_long_sinks_chunk_launches(capsys, monkeypatch, base):
+    """benchmarks/sink_ab.py --flip-chunk-launches on the CPU (interpreter): the fused form's sink
+    of several key chunks with ``gluon.SINK_CHUNK_LAUNCHES`` flipped beside the tree's setting (a
+    launch a chunk: KEY0 past 0 reaches a launch; two launches), the same dQ, dK, dV; the setting
+    restored after."""
     from msa_codegen.kernels import gluon
 
     ab = _benchmark_module("sink_ab")
@@ -234,16 +236,17 @@ def test_sink_ab_times_the_long_sinks_chunk_launches(capsys, monkeypatch):
         seen.append(kw.get("KEY0"))
         return real(kern, grid, *a, **kw)
     monkeypatch.setattr(gluon.direct, "launch", spy)
-    before = gluon.SINK_CHUNK_LAUNCHES
+    monkeypatch.setattr(gluon, "SINK_CHUNK_LAUNCHES", base)
     rc = ab.main(["--device", "cpu", "--n", "200", "--heads", "2", "--head-dim", "64", "--pattern",
-                  "window=40,sink=100", "--forms", "fused", "--chunk-launches", "--rounds", "1"])
+                  "window=40,sink=100", "--forms", "fused", "--flip-chunk-launches", "--rounds", "1"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert gluon.SINK_KEYS in seen, seen
     table = [line for line in out.splitlines() if line.startswith("| fused |")]
-    assert [line.split("|")[2].strip() for line in table] == ["default", "default-copy", "chunk-launches"], out
+    flipped = f"chunk-launches {'off' if base else 'on'}"
+    assert [line.split("|")[2].strip() for line in table] == ["default", "default-copy", flipped], out
     assert all(float(line.split("|")[6]) < 1e-5 for line in table), out
-    assert gluon.SINK_CHUNK_LAUNCHES == before
+    assert gluon.SINK_CHUNK_LAUNCHES is base
 
 
 def test_msa_ab_reverse_index_int32_matches_int64(capsys):

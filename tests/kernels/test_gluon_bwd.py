@@ -500,10 +500,12 @@ LONG_SINKS = [c for c in MODEL_CASES if max(map(int, re.findall(r"sink=(\d+)", c
 
 
 @pytest.mark.parametrize("pattern,n,b,hq,hkv,layout", LONG_SINKS, ids=[c[0] for c in LONG_SINKS])
-def test_the_fused_long_sink_a_launch_a_chunk(monkeypatch, device, pattern, n, b, hq, hkv, layout):
-    """``gluon.SINK_CHUNK_LAUNCHES`` (off by default, not GPU-tested): the fused form's sink of
-    several key chunks as one launch a chunk, in place on the fp32 dQ copy, through the model."""
-    monkeypatch.setattr(gluon, "SINK_CHUNK_LAUNCHES", True)
+def test_the_fused_long_sink_in_two_launches(monkeypatch, device, pattern, n, b, hq, hkv, layout):
+    """``gluon.SINK_CHUNK_LAUNCHES`` off: the fused form's sink of several key chunks as the
+    two-kernel form's two launches (every chunk's dK / dV, then dQ's terms over the chunks, the
+    second converting the fp32 copy), through the model. The default, one launch a chunk, runs in
+    the test above."""
+    monkeypatch.setattr(gluon, "SINK_CHUNK_LAUNCHES", False)
     test_the_launcher_through_a_model_of_the_kernels(monkeypatch, device, pattern, n, b, hq, hkv, layout, True)
 
 
