@@ -65,6 +65,9 @@
 #              virtual environment, no GPU; DIR carried here) against this Triton's, kernel time on
 #              the launches of one call per msa-bench case; ARGS e.g. --from .xt38. A DIR emitted
 #              with --family gluon holds the Gluon forward of w4096 and dense-causal instead
+#   power      benchmarks/power_probe.py: our forward against the card's own bf16 matrix rate in
+#              alternating rounds, the SM clock and board power read through NVML every ~5 ms
+#              inside each timing (a card at its power limit); ARGS e.g. --cases w4096 --rounds 5
 #   gluon-orders  benchmarks/gluon_orders.py: the Gluon forward's tile orders (head-major, by
 #              cost, pairs, listed) against the Triton forward, dense patterns and windows, one
 #              process; ARGS e.g. --cases 0,7
@@ -207,6 +210,9 @@ case "$suite" in
     rc=${PIPESTATUS[0]} ;;
   gluon-orders)
     { header; limit python3 benchmarks/gluon_orders.py "$@"; } 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]} ;;
+  power)
+    { header; limit python3 benchmarks/power_probe.py "$@"; } 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]} ;;
   cross-triton)
     { header; limit python3 benchmarks/cross_triton.py run "$@"; } 2>&1 | tee "$log"

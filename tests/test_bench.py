@@ -220,6 +220,26 @@ def test_sink_ab_runs_each_variants_launch(capsys, monkeypatch):
             ab.main(["--device", "cpu", "--variant", bad])
 
 
+def test_power_probe_cases_and_samples():
+    """benchmarks/power_probe.py's pure parts: case names resolve to msa-bench's cases in the
+    order given (unknown or none refused), the samples inside a timing are those between its
+    start and end, and the spread of none is a dash. On a machine without CUDA, main stops
+    with the reason."""
+    probe = _benchmark_module("power_probe")
+    assert [c.name for c in probe.parse_cases("dense-causal,w4096")] == ["dense-causal", "w4096"]
+    for bad in ("w4096,nope", ""):
+        with pytest.raises(ValueError, match="msa-bench case names"):
+            probe.parse_cases(bad)
+    samples = [(0.5, 1980, 300.0), (1.0, 1500, 700.0), (1.5, 1410, 699.0), (2.5, 1980, 90.0)]
+    clocks, power = probe.summarise(samples, 0.9, 2.0)
+    assert clocks == [1500, 1410] and power == [700.0, 699.0]
+    assert probe.spread(clocks) == "1410 / 1455 / 1500"
+    assert probe.spread([]) == "-"
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            probe.main(["--cases", "w4096", "--rounds", "1"])
+
+
 @pytest.mark.parametrize("base", [True, False], ids=["default-on", "default-off"])
 def test_sink_ab_flips_the_long_sinks_chunk_launches(capsys, monkeypatch, base):
     """benchmarks/sink_ab.py --flip-chunk-launches on the CPU (interpreter): the fused form's sink
