@@ -20,7 +20,9 @@ each case's ratio to the matrix rate, the clock and power medians over all its s
 round runs from a cooler card; with ``--rounds`` >= 3 the median sits in the sustained regime.
 NVML's clock is the reported one: on an H100 (2026-12-06) the product's time stayed within 3%
 while the reported clock went from 1980 to 1410-1515 MHz, so read it beside the times, not as
-the SMs' rate. Needs a CUDA GPU and ``pynvml`` (nvidia-ml-py).
+the SMs' rate. Needs a CUDA GPU and ``pynvml`` (nvidia-ml-py); NVML's device is taken at CUDA's
+current index, which names the same card on a one-GPU machine (elsewhere set
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
 """
 from __future__ import annotations
 
