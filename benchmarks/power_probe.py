@@ -65,7 +65,10 @@ class Sampler:
     """NVML reads of the SM clock and the board power every ``PERIOD_S`` on a thread."""
 
     def __init__(self):
-        import pynvml
+        try:
+            import pynvml
+        except ImportError as e:
+            raise SystemExit(f"power_probe reads the clock through NVML: pip install nvidia-ml-py ({e})") from e
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
         self.read = lambda: (time.perf_counter(), pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
