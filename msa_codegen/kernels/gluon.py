@@ -1437,19 +1437,19 @@ def aot_compile_sink(kplan: KernelPlan, dtype: torch.dtype = torch.bfloat16, hea
     consts = _sink_consts(kplan, torch.empty((1, 1, 1, head_dim), dtype=dtype, device="meta"))
     out = {}
     one = consts["N_KC"] == 1
-    bwd = dict(BLOCK_M=SINK_BWD_ROWS[head_dim], STAGES=SINK_BWD_STAGES, DQ=True, KV=True, N_KC=1, KEY0=0)
+    rows = dict(BLOCK_M=SINK_BWD_ROWS[head_dim], STAGES=SINK_BWD_STAGES, KEY0=0)
+    # dQ's terms (over every chunk: N_KC is the plan's), with the keys' dK / dV when one chunk
+    dq = dict(rows, DQ=True, KV=one)
     forms = [("fwd", sink_kernels.sink_fwd, dict(BLOCK_M=SINK_FWD_ROWS)),
-             ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False)),
-             ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True))]
-    if not one:   # the chunks' dK / dV, dQ's terms over them (converting: the fused form's); the
-        # fused form's launches a chunk (``SINK_CHUNK_LAUNCHES``: a middle chunk's, the last's)
+             ("bwd", sink_kernels.sink_bwd, dict(dq, CONVERT=False)),
+             ("convert", sink_kernels.sink_bwd, dict(dq, CONVERT=True))]
+    if not one:   # launches of one chunk: the chunks' dK / dV; the fused form's launches a chunk
+        # (``SINK_CHUNK_LAUNCHES``: a middle chunk's, the last's)
+        chunk = dict(rows, KV=True, N_KC=1)
         last = (consts["N_KC"] - 1) * consts["BLOCK_S"]
-        forms = [forms[0],
-                 ("kv", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, DQ=False)),
-                 ("bwd", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, KV=False, N_KC=consts["N_KC"])),
-                 ("convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True, KV=False, N_KC=consts["N_KC"])),
-                 ("chunk", sink_kernels.sink_bwd, dict(bwd, CONVERT=False, KEY0=consts["BLOCK_S"])),
-                 ("chunk-convert", sink_kernels.sink_bwd, dict(bwd, CONVERT=True, KEY0=last))]
+        forms += [("kv", sink_kernels.sink_bwd, dict(chunk, DQ=False, CONVERT=False)),
+                  ("chunk", sink_kernels.sink_bwd, dict(chunk, DQ=True, CONVERT=False, KEY0=consts["BLOCK_S"])),
+                  ("chunk-convert", sink_kernels.sink_bwd, dict(chunk, DQ=True, CONVERT=True, KEY0=last))]
     for name, kern, extra in forms:
         cx = dict(consts, **extra)
         # as a launch on torch's tensors specialises it: pointers 16-byte aligned, strides and
