@@ -1,11 +1,12 @@
 """msa-bench: our kernels against FlexAttention and SDPA's flash backend, side by side.
 
     python -m msa_codegen.bench                 # every case of the table in BENCHMARKS.md
-    python -m msa_codegen.bench --cases w4096,w4096-d2 --reps 50
+    python -m msa_codegen.bench --cases w4096,w4096-d2 --rounds 5
 
 For each case the inputs are built once; our output is checked against the peer's before
 anything is timed; forward and forward+backward are timed with triton.testing.do_bench
-(median, L2 flushed between repetitions); peak memory is read around one forward+backward.
+(median, L2 flushed between repetitions), ours and then the peer, or with ``--rounds R`` in R
+rounds whose order rotates, the medians kept; peak memory is read around one forward+backward.
 One row per case and implementation is printed and appended to benchmarks/results.csv with
 the GPU, versions, date and command. A peer that is missing or fails is reported as such.
 
@@ -21,6 +22,7 @@ import csv
 import dataclasses
 import datetime
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -159,6 +161,25 @@ def _time(fn, reps_ms: int) -> float:
     return float(triton.testing.do_bench(fn, warmup=max(25, reps_ms // 4), rep=reps_ms, return_mode="median"))
 
 
+def interleaved(work: dict, rounds: int, timer) -> tuple[dict, dict]:
+    """Time each name's callables (``work``: name -> callables, in their order) in ``rounds``
+    rounds, the names' order rotated one place each round (``timer(fn)`` -> ms). Returns {name:
+    [median ms of each callable]} and {name: the failure that stopped its timings}."""
+    names = list(work)
+    times = {name: [[] for _ in work[name]] for name in names}
+    failed = {}
+    for r in range(rounds if names else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if name in failed:
+                continue
+            try:
+                for fn, ms in zip(work[name], times[name]):
+                    ms.append(timer(fn))
+            except Exception as e:   # reported in the name's row, never dropped
+                failed[name] = f"failed: {type(e).__name__}: {e}"[:200]
+    return {n: [statistics.median(ms) for ms in times[n]] for n in names if n not in failed}, failed
+
+
 def _spin_up(seconds: float = 0.5) -> None:
     """Keep the GPU busy with matrix products for ``seconds`` before the first case, so that the
     first case is not timed while the clocks are still rising from idle (the first case of a
@@ -227,7 +248,12 @@ def label_rows(rows, case, results, dtype) -> None:
             row["ratio_fwdbwd"] = ours[1] / results[row["impl"]][1]
 
 
-def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
+def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
+    """Rows of one case: ours and its peer, each checked against ours, then timed. ``rounds`` > 1
+    times them in that many rounds, the implementations' order rotated each round (ours first
+    in the even rounds), each timing a forward and then a forward+backward; a row holds the
+    medians over the rounds. Under a power cap a card slows after a second of load, so with one
+    round the side timed first runs on a cooler card (docs/performance.md, "msa-bench's order")."""
     reps_ms = max(reps_ms, case.reps_ms)
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
@@ -291,6 +317,11 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
     # rest, so that peak memory counts only q, k, v, do and what the measured call allocates
     ours_sample = out[:, :, ::16].clone()
     del out
+
+    def clear():
+        for t in (q, k, v):
+            t.grad = None
+    ready = {}   # name: (forward, forward+backward that clears the grads, row fields)
     for name, f, s in impls:
         try:
             o = f()
@@ -298,24 +329,32 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16):
             del o
             if name != "msa_codegen" and not (err < 2e-2):
                 raise RuntimeError(f"output differs from ours: rel err {err:.2e}")
-            fwd_ms = _time(f, reps_ms)
             fb = fwdbwd(f)
             fb()
-            for t in (q, k, v):
-                t.grad = None
-            fwdbwd_ms = _time(lambda: (fb(), [setattr(t, "grad", None) for t in (q, k, v)]), reps_ms)
+            clear()
             peak = _peak(fb)
+            clear()
             family = f"; {kernel_families(fb)}" if name == "msa_codegen" else ""
-            for t in (q, k, v):
-                t.grad = None
-            results[name] = (fwd_ms, fwdbwd_ms)
-            rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
-                             fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
-                             peak_gib=peak, setup_s=s, max_rel_err=err, status="ok",
-                             note=f"peak/io {peak / io_gib:.2f}{family}"))
+            clear()
+            ready[name] = (f, lambda fb=fb: (fb(), clear()),
+                           dict(peak_gib=peak, setup_s=s, max_rel_err=err, family=family))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
+    medians, failed = interleaved({name: ready[name][:2] for name in ready}, rounds, lambda fn: _time(fn, reps_ms))
+    names = list(ready)
+    order = f"; {rounds} rounds, the order rotated" if rounds > 1 else ""
+    for name in names:
+        if name in failed:
+            rows.append(dict(impl=name, status=failed[name]))
+            continue
+        fields = ready[name][2]
+        fwd_ms, fwdbwd_ms = medians[name]
+        results[name] = (fwd_ms, fwdbwd_ms)
+        rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
+                         fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
+                         peak_gib=fields["peak_gib"], setup_s=fields["setup_s"], max_rel_err=fields["max_rel_err"],
+                         status="ok", note=f"peak/io {fields['peak_gib'] / io_gib:.2f}{fields['family']}{order}"))
     ours = results.get("msa_codegen")
     if case.dense_ratio and ours:
         rows.append(_dense_extrapolation(case, ours, dtype))
@@ -357,18 +396,26 @@ def _dense_extrapolation(case: Case, ours, dtype) -> dict:
         return dict(impl="sdpa-dense-extrapolated", status=f"failed: {type(e).__name__}: {e}"[:200])
 
 
-def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=None) -> int:
+def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=None, rounds=False) -> int:
     """The command of a benchmark module: pick cases, run them, print rows, append the CSV.
 
     ``run_case(case, reps_ms)`` returns row dicts, ``fmt(row)`` prints one, ``describe(case)``
-    heads a case, ``summary(rows)`` (optional) prints a table at the end.
+    heads a case, ``summary(rows)`` (optional) prints a table at the end. ``rounds``: the module's
+    ``run_case`` takes ``rounds=`` (interleaved timing rounds), offered as ``--rounds``.
     """
     ap = argparse.ArgumentParser(prog=prog, description=sys.modules[run_case.__module__].__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="all", help="comma-separated case names (default: all): "
                     + ",".join(c.name for c in cases))
     ap.add_argument("--reps-ms", type=int, default=400, help="timing budget per measurement in ms (default 400)")
     ap.add_argument("--csv", default="benchmarks/results.csv", help="CSV to append to (default benchmarks/results.csv)")
+    if rounds:
+        ap.add_argument("--rounds", type=int, default=1,
+                        help="time ours and the peer in this many rounds, their order rotated each round, and "
+                             "keep the medians (default 1: ours, then the peer)")
     args = ap.parse_args(argv)
+    if rounds and args.rounds < 1:
+        ap.error("--rounds wants 1 or more")
+    extra = dict(rounds=args.rounds) if rounds else {}
     if not torch.cuda.is_available():
         print(f"{prog}: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -388,7 +435,7 @@ def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=Non
         if wanted and case.name not in wanted:
             continue
         print(f"[{case.name}] {describe(case)}", flush=True)
-        for r in run_case(case, args.reps_ms):
+        for r in run_case(case, args.reps_ms, **extra):
             r.update(meta)
             print("   ", fmt(r), flush=True)
             all_rows.append(r)
@@ -408,7 +455,8 @@ def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=Non
 
 def main(argv=None):
     return bench_main("msa-bench", CASES, run_case, _fmt,
-                      lambda c: f"{c.pattern} B={c.b} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv, summary=table)
+                      lambda c: f"{c.pattern} B={c.b} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv, summary=table,
+                      rounds=True)
 
 
 def _fmt(r) -> str:

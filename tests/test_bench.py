@@ -286,3 +286,44 @@ def test_msa_ab_reverse_index_int32_matches_int64(capsys):
                   "--top-k", "128", "--block", "64", "--rounds", "1", "--reverse-index"])
     out = capsys.readouterr().out
     assert rc == 0 and "int32 and int64 keys give identical outputs" in out and out.count("| int") == 3, out
+
+
+def test_interleaved_rotates_the_order_and_keeps_medians():
+    from msa_codegen.bench import interleaved
+
+    seen = []
+    ms = {"a-fwd": iter([5.0, 1.0, 3.0]), "a-fb": iter([9.0, 7.0, 8.0]), "b-fwd": iter([2.0, 4.0, 6.0]),
+          "b-fb": iter([1.0, 1.5, 0.5])}
+
+    def timer(fn):
+        seen.append(fn)
+        return next(ms[fn])
+    medians, failed = interleaved({"a": ("a-fwd", "a-fb"), "b": ("b-fwd", "b-fb")}, 3, timer)
+    assert seen == ["a-fwd", "a-fb", "b-fwd", "b-fb", "b-fwd", "b-fb", "a-fwd", "a-fb", "a-fwd", "a-fb", "b-fwd", "b-fb"]
+    assert medians == {"a": [3.0, 8.0], "b": [4.0, 1.0]} and failed == {}
+
+
+def test_interleaved_reports_a_failure_and_times_the_rest():
+    from msa_codegen.bench import interleaved
+
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        if fn == "peer" and len(calls) > 2:
+            raise RuntimeError("out of memory")
+        return 1.0
+    medians, failed = interleaved({"ours": ("ours",), "peer": ("peer",)}, 3, timer)
+    assert medians == {"ours": [1.0]}
+    assert failed == {"peer": "failed: RuntimeError: out of memory"}
+    assert calls == ["ours", "peer", "peer", "ours", "ours"]
+    assert interleaved({}, 3, timer) == ({}, {})
+
+
+def test_msa_bench_offers_rounds(monkeypatch, capsys):
+    from msa_codegen import bench
+
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+    assert "--rounds wants 1 or more" in capsys.readouterr().err
