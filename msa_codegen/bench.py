@@ -164,7 +164,8 @@ def _time(fn, reps_ms: int) -> float:
 def interleaved(work: dict, rounds: int, timer) -> tuple[dict, dict]:
     """Time each name's callables (``work``: name -> callables, in their order) in ``rounds``
     rounds, the names' order rotated one place each round (``timer(fn)`` -> ms). Returns {name:
-    [median ms of each callable]} and {name: the failure that stopped its timings}."""
+    [each callable's ms, a list over the rounds]} and {name: the failure that stopped its
+    timings}."""
     names = list(work)
     times = {name: [[] for _ in work[name]] for name in names}
     failed = {}
@@ -177,7 +178,14 @@ def interleaved(work: dict, rounds: int, timer) -> tuple[dict, dict]:
                     ms.append(timer(fn))
             except Exception as e:   # reported in the name's row, never dropped
                 failed[name] = f"failed: {type(e).__name__}: {e}"[:200]
-    return {n: [statistics.median(ms) for ms in times[n]] for n in names if n not in failed}, failed
+    return {n: times[n] for n in names if n not in failed}, failed
+
+
+def rounds_note(times) -> str:
+    """The row note's account of interleaved rounds: their count and each timing's range."""
+    (fwd, fwdbwd) = times
+    return (f"; {len(fwd)} rounds, the order rotated: fwd {min(fwd):.3f}-{max(fwd):.3f} ms, "
+            f"fwd+bwd {min(fwdbwd):.3f}-{max(fwdbwd):.3f} ms")
 
 
 def _spin_up(seconds: float = 0.5) -> None:
@@ -341,15 +349,14 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
-    medians, failed = interleaved({name: ready[name][:2] for name in ready}, rounds, lambda fn: _time(fn, reps_ms))
-    names = list(ready)
-    order = f"; {rounds} rounds, the order rotated" if rounds > 1 else ""
-    for name in names:
+    times, failed = interleaved({name: ready[name][:2] for name in ready}, rounds, lambda fn: _time(fn, reps_ms))
+    for name in ready:
         if name in failed:
             rows.append(dict(impl=name, status=failed[name]))
             continue
         fields = ready[name][2]
-        fwd_ms, fwdbwd_ms = medians[name]
+        fwd_ms, fwdbwd_ms = (statistics.median(t) for t in times[name])
+        order = rounds_note(times[name]) if rounds > 1 else ""
         results[name] = (fwd_ms, fwdbwd_ms)
         rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
                          fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
