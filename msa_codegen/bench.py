@@ -257,11 +257,13 @@ def label_rows(rows, case, results, dtype) -> None:
 
 
 def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
-    """Rows of one case: ours and its peer, each checked against ours, then timed. ``rounds`` > 1
-    times them in that many rounds, the implementations' order rotated each round (ours first
-    in the even rounds), each timing a forward and then a forward+backward; a row holds the
-    medians over the rounds. Under a power cap a card slows after a second of load, so with one
-    round the side timed first runs on a cooler card (docs/performance.md, "msa-bench's order")."""
+    """Rows of one case: ours and its peer, each checked against ours and timed (forward, then
+    forward+backward), ours first. ``rounds`` > 1 times them after both are checked and warm, in
+    that many rounds, the implementations' order rotated each round (ours first in the even
+    rounds); a row holds the medians over the rounds. Under a power cap a card slows after a
+    second of load, so with one round the side timed first runs on a cooler card
+    (docs/performance.md, "msa-bench's order"). One round times each side as msa-bench always
+    did: its forward before its first forward+backward."""
     reps_ms = max(reps_ms, case.reps_ms)
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
@@ -330,6 +332,7 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
         for t in (q, k, v):
             t.grad = None
     ready = {}   # name: (forward, forward+backward that clears the grads, row fields)
+    times = {}   # one round: name -> [[forward ms], [forward+backward ms]], timed as before --rounds
     for name, f, s in impls:
         try:
             o = f()
@@ -338,18 +341,27 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
             if name != "msa_codegen" and not (err < 2e-2):
                 raise RuntimeError(f"output differs from ours: rel err {err:.2e}")
             fb = fwdbwd(f)
-            fb()
-            clear()
+
+            def fb_clear(fb=fb):
+                fb()
+                clear()
+            if rounds == 1:
+                fwd_ms = _time(f, reps_ms)
+            fb_clear()
+            if rounds == 1:
+                times[name] = [[fwd_ms], [_time(fb_clear, reps_ms)]]
             peak = _peak(fb)
             clear()
             family = f"; {kernel_families(fb)}" if name == "msa_codegen" else ""
             clear()
-            ready[name] = (f, lambda fb=fb: (fb(), clear()),
-                           dict(peak_gib=peak, setup_s=s, max_rel_err=err, family=family))
+            ready[name] = (f, fb_clear, dict(peak_gib=peak, setup_s=s, max_rel_err=err, family=family))
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
-    times, failed = interleaved({name: ready[name][:2] for name in ready}, rounds, lambda fn: _time(fn, reps_ms))
+    failed = {}
+    if rounds > 1:
+        times, failed = interleaved({name: ready[name][:2] for name in ready}, rounds,
+                                    lambda fn: _time(fn, reps_ms))
     for name in ready:
         if name in failed:
             rows.append(dict(impl=name, status=failed[name]))
