@@ -285,9 +285,11 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
     setup = time.perf_counter() - t0
 
     def fwdbwd(f):
+        # one forward+backward, the grads cleared after it (none accumulate between calls)
         def run():
-            o = f()
-            o.backward(do)
+            f().backward(do)
+            for t in (q, k, v):
+                t.grad = None
         return run
 
     peers = {}
@@ -327,11 +329,8 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
     # rest, so that peak memory counts only q, k, v, do and what the measured call allocates
     ours_sample = out[:, :, ::16].clone()
     del out
-
-    def clear():
-        for t in (q, k, v):
-            t.grad = None
-    ready = {}   # name: (forward, forward+backward that clears the grads, row fields)
+    work = {}    # name: (forward, forward+backward)
+    fields = {}  # name: the row's other fields
     times = {}   # one round: name -> [[forward ms], [forward+backward ms]], timed as before --rounds
     for name, f, s in impls:
         try:
@@ -341,39 +340,33 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
             if name != "msa_codegen" and not (err < 2e-2):
                 raise RuntimeError(f"output differs from ours: rel err {err:.2e}")
             fb = fwdbwd(f)
-
-            def fb_clear(fb=fb):
-                fb()
-                clear()
             if rounds == 1:
                 fwd_ms = _time(f, reps_ms)
-            fb_clear()
-            if rounds == 1:
-                times[name] = [[fwd_ms], [_time(fb_clear, reps_ms)]]
+                fb()
+                times[name] = [[fwd_ms], [_time(fb, reps_ms)]]
+            else:
+                fb()
             peak = _peak(fb)
-            clear()
             family = f"; {kernel_families(fb)}" if name == "msa_codegen" else ""
-            clear()
-            ready[name] = (f, fb_clear, dict(peak_gib=peak, setup_s=s, max_rel_err=err, family=family))
+            work[name] = (f, fb)
+            fields[name] = dict(peak_gib=peak, setup_s=s, max_rel_err=err, family=family)
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
     failed = {}
     if rounds > 1:
-        times, failed = interleaved({name: ready[name][:2] for name in ready}, rounds,
-                                    lambda fn: _time(fn, reps_ms))
-    for name in ready:
+        times, failed = interleaved(work, rounds, lambda fn: _time(fn, reps_ms))
+    for name, row in fields.items():
         if name in failed:
             rows.append(dict(impl=name, status=failed[name]))
             continue
-        fields = ready[name][2]
         fwd_ms, fwdbwd_ms = (statistics.median(t) for t in times[name])
         order = rounds_note(times[name]) if rounds > 1 else ""
         results[name] = (fwd_ms, fwdbwd_ms)
         rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
                          fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,
-                         peak_gib=fields["peak_gib"], setup_s=fields["setup_s"], max_rel_err=fields["max_rel_err"],
-                         status="ok", note=f"peak/io {fields['peak_gib'] / io_gib:.2f}{fields['family']}{order}"))
+                         peak_gib=row["peak_gib"], setup_s=row["setup_s"], max_rel_err=row["max_rel_err"],
+                         status="ok", note=f"peak/io {row['peak_gib'] / io_gib:.2f}{row['family']}{order}"))
     ours = results.get("msa_codegen")
     if case.dense_ratio and ours:
         rows.append(_dense_extrapolation(case, ours, dtype))
