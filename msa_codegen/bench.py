@@ -422,8 +422,8 @@ def bench_main(prog: str, cases, run_case, fmt, describe, argv=None, summary=Non
     ap.add_argument("--csv", default="benchmarks/results.csv", help="CSV to append to (default benchmarks/results.csv)")
     if rounds:
         ap.add_argument("--rounds", type=int, default=1,
-                        help="time ours and the peer in this many rounds, their order rotated each round, and "
-                             "keep the medians (default 1: ours, then the peer)")
+                        help="time ours and the peers in this many rounds, their order rotated each round, "
+                             "and keep the medians (default 1: ours, then each peer)")
     args = ap.parse_args(argv)
     if rounds and args.rounds < 1:
         ap.error("--rounds wants 1 or more")

@@ -2,6 +2,7 @@
 
     python -m msa_codegen.bench_dynamic                      # every case
     python -m msa_codegen.bench_dynamic --cases docs-w4096,topk16 --reps-ms 400
+    python -m msa_codegen.bench_dynamic --cases topk16 --rounds 5   # order rotated, medians
 
 Each case builds its inputs once, checks our output against the peer that computes the same
 mask (FlexAttention with the equivalent mask_mod / BlockMask) before timing, and times forward
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 import sys
 import time
 
 import torch
 
 from .api import attention
-from .bench import _peak, _rel, _time, bench_main, kernel_families, label_rows
+from .bench import _peak, _rel, _time, bench_main, interleaved, kernel_families, label_rows, rounds_note
 from .pattern.spec import parse
 from .sparsity.inputs import CHECKED, PREPARED
 from .sparsity.reference import select_blocks_reference
@@ -219,7 +221,11 @@ def _sdpa(q, k, v):
     return run
 
 
-def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
+def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
+    """Rows of one case: ours and each peer, checked against ours and timed (forward, then
+    forward+backward), ours first. ``rounds`` > 1 times them after all are checked and warm, in
+    that many rounds, the implementations' order rotated each round; a row holds the medians
+    over the rounds and its note their ranges (msa-bench's ``--rounds``, ``bench.interleaved``)."""
     rows = []
     t0 = time.perf_counter()
     try:
@@ -232,7 +238,10 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
     sample = out[:, :, ::16].detach().clone()
     do = torch.randn_like(out)
     del out
-    results = {}
+    work = {}    # name: (forward, forward+backward)
+    fields = {}  # name: the row's other fields
+    times = {}   # one round: name -> [[forward ms], [forward+backward ms]]
+    cold_ms = None
     for name, fn, same in [("msa_codegen", ours, True)] + [(p, f, s) for p, (f, s) in peers.items()]:
         try:
             o = fn()
@@ -246,29 +255,46 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16):
                 fn().backward(dd)
                 for t in grads:
                     t.grad = None
-            fwd_ms = _time(fn, reps_ms)
+            if rounds == 1:
+                fwd_ms = _time(fn, reps_ms)
             if name == "msa_codegen":
                 # the host checks of the inputs (syncs) are remembered per tensor version, so the
-                # timed calls above skip them, as every layer after the first of a step does;
-                # their cost: the same call with nothing remembered
+                # timed calls skip them, as every layer after the first of a step does; their
+                # cost: the same call with nothing remembered, less the forward's time
                 def cold(fn=fn):
                     CHECKED.clear()
                     PREPARED.clear()
                     return fn()
-                checks_ms = _time(cold, reps_ms) - fwd_ms
+                cold_ms = _time(cold, reps_ms)
             fb()
-            fwdbwd_ms = _time(fb, reps_ms)
+            if rounds == 1:
+                times[name] = [[fwd_ms], [_time(fb, reps_ms)]]
             peak = _peak(fb)
             family = f"; {kernel_families(fb)}" if name == "msa_codegen" else ""
-            results[name] = (fwd_ms, fwdbwd_ms)
-            rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=peak,
-                             setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=err, status="ok",
-                             note=(f"{note}; input checks {checks_ms:.3f} ms, paid once per tensor version"
-                                   f"{family}"
-                                   if name == "msa_codegen" else ("same mask" if same else "dense mask: speed only"))))
+            work[name] = (fn, fb)
+            fields[name] = dict(peak_gib=peak, max_rel_err=err, family=family, same=same)
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
+    failed = {}
+    if rounds > 1:
+        times, failed = interleaved(work, rounds, lambda fn: _time(fn, reps_ms))
+    results = {}
+    for name, row in fields.items():
+        if name in failed:
+            rows.append(dict(impl=name, status=failed[name]))
+            continue
+        fwd_ms, fwdbwd_ms = (statistics.median(t) for t in times[name])
+        order = rounds_note(times[name]) if rounds > 1 else ""
+        results[name] = (fwd_ms, fwdbwd_ms)
+        if name == "msa_codegen":
+            what = (f"{note}; input checks {cold_ms - fwd_ms:.3f} ms, paid once per tensor version"
+                    f"{row['family']}")
+        else:
+            what = "same mask" if row["same"] else "dense mask: speed only"
+        rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms, peak_gib=row["peak_gib"],
+                         setup_s=setup if name == "msa_codegen" else 0.0, max_rel_err=row["max_rel_err"],
+                         status="ok", note=what + order))
     if case.kind == "topk":
         rows.append(select_row(case, dtype, reps_ms, results.get("msa_codegen")))
     label_rows(rows, case, results, dtype)
@@ -318,7 +344,7 @@ def _fmt(r) -> str:
 
 def main(argv=None):
     return bench_main("python -m msa_codegen.bench_dynamic", CASES, run_case, _fmt,
-                      lambda c: f"{c.kind} {c.pattern} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv)
+                      lambda c: f"{c.kind} {c.pattern} H={c.hq}/{c.hkv} N={c.n} D={c.d}", argv, rounds=True)
 
 
 if __name__ == "__main__":

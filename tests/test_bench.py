@@ -329,3 +329,79 @@ def test_msa_bench_offers_rounds(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
     assert "--rounds wants 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_bench_dynamic_times_ours_and_each_peer(monkeypatch, rounds):
+    """bench_dynamic.run_case end to end on the CPU with a stand-in timer: each implementation's
+    check, the timing sequence (one round: each side's forward, then its forward+backward;
+    ``rounds``: warm first, then the rotated rounds), the medians, the ratios and the notes."""
+    from msa_codegen import bench_dynamic as bd
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 24, 8, generator=g, requires_grad=True)
+    w = torch.randn(8, 8, generator=g)
+    calls, log = {}, []
+
+    def impl(name, scale=1.0, rows=24):
+        def fn():
+            calls[name] = calls.get(name, 0) + 1
+            return (q[:, :, :rows] @ w) * scale
+        fn.__name__ = name
+        return fn
+    ours = impl("ours")
+    peers = {"peer-same": (impl("peer-same", 1.0 + 1e-4), True), "peer-dense": (impl("peer-dense", 3.0, 20), False)}
+    monkeypatch.setattr(bd, "build", lambda case, device, dtype: (ours, peers, (q,), "a test case"))
+    base = {"ours": 10.0, "cold": 10.5, "peer-same": 20.0, "peer-dense": 40.0}
+
+    def timer(fn, reps_ms):
+        # a forward+backward is fb(fn=...): its default names the forward it wraps
+        fwd = fn.__defaults__[0] if fn.__name__ == "fb" else fn
+        name = "cold" if fn.__name__ == "cold" else fwd.__name__
+        kind = "fb" if fn.__name__ == "fb" else "fwd"
+        log.append((name, kind))
+        return base[name] * (3 if kind == "fb" else 1) + 0.1 * sum(1 for x in log if x == (name, kind))
+    monkeypatch.setattr(bd, "_time", timer)
+    monkeypatch.setattr(bd, "_peak", lambda fb: (fb(), 0.5)[1])
+    monkeypatch.setattr(bd, "kernel_families", lambda fb: "kernels: test")
+    monkeypatch.setattr(bd.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bd.torch.cuda, "empty_cache", lambda: None)
+    case = bd.DynCase("t", "docs", "window=8", 24, hq=2, hkv=2, d=8)
+    rows = {r["impl"]: r for r in bd.run_case(case, 1, torch.float32, rounds=rounds)}
+    assert {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert q.grad is None   # every forward+backward clears the grads it made
+    if rounds == 1:
+        assert log == [("ours", "fwd"), ("cold", "fwd"), ("ours", "fb"), ("peer-same", "fwd"), ("peer-same", "fb"),
+                       ("peer-dense", "fwd"), ("peer-dense", "fb")]
+    else:
+        names = ["ours", "peer-same", "peer-dense"]
+        order = [n for r in range(3) for n in names[r:] + names[:r]]
+        assert log == [("cold", "fwd")] + [(n, kind) for n in order for kind in ("fwd", "fb")]
+    med = 0.1 * (rounds + 1) / 2 if rounds > 1 else 0.1
+    assert rows["msa_codegen"]["fwd_ms"] == pytest.approx(10.0 + med)
+    assert rows["peer-dense"]["fwdbwd_ms"] == pytest.approx(120.0 + med)
+    assert rows["peer-same"]["ratio_fwd"] == pytest.approx((10.0 + med) / (20.0 + med))
+    assert rows["peer-same"]["max_rel_err"] == pytest.approx(1e-4, rel=1e-2)
+    assert rows["peer-dense"]["note"].startswith("dense mask: speed only")
+    note = rows["msa_codegen"]["note"]
+    assert note.startswith(f"a test case; input checks {0.5 + 0.1 - med:.3f} ms, paid once per tensor version; "
+                           "kernels: test"), note
+    assert ("3 rounds, the order rotated: fwd 10.100-10.300 ms" in note) == (rounds == 3), note
+
+
+def test_bench_dynamic_reports_a_peer_that_disagrees(monkeypatch):
+    from msa_codegen import bench_dynamic as bd
+
+    q = torch.randn(1, 2, 16, 8, requires_grad=True)
+    monkeypatch.setattr(bd, "build", lambda case, device, dtype: (lambda: q * 2, {"bad": (lambda: q * 3, True)},
+                                                                  (q,), "n"))
+    monkeypatch.setattr(bd, "_time", lambda fn, reps_ms: 1.0)
+    monkeypatch.setattr(bd, "_peak", lambda fb: 0.0)
+    monkeypatch.setattr(bd, "kernel_families", lambda fb: "k")
+    monkeypatch.setattr(bd.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bd.torch.cuda, "empty_cache", lambda: None)
+    for rounds in (1, 2):
+        rows = bd.run_case(bd.DynCase("t", "docs", "causal", 16, hq=2, hkv=2, d=8), 1, torch.float32, rounds=rounds)
+        status = {r["impl"]: r["status"] for r in rows}
+        assert status["msa_codegen"] == "ok" and status["bad"].startswith("failed: RuntimeError: output differs"), status
+        assert "ratio_fwd" not in next(r for r in rows if r["impl"] == "bad")
