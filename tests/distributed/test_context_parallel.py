@@ -103,9 +103,8 @@ def _launch(world: int, run_dir: Path, cases: list, backend: str = "gloo", dtype
     A group in which a rank died by a signal, not by a Python error, runs once more in a fresh
     directory, with a warning that quotes the crash. Two CI runs on a 2-core machine lost the
     3-rank group so (one rank aborted with "terminate called without an active exception", no
-    Python traceback); rerun 19 times beside 2 to 6 busy processes, the same group did
-    not crash. A second crash, a Python error
-    or a hang fails the test."""
+    Python traceback); rerun 19 times beside 2 to 6 busy processes, the same group did not
+    crash. A second crash, a Python error or a hang fails the test."""
     crash = _run_group(world, run_dir, cases, backend, dtype)
     if crash is not None and crash[0]:
         warnings.warn(f"{world} ranks: a rank crashed; the group ran again:\n{crash[1]}")
