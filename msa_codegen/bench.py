@@ -188,6 +188,18 @@ def rounds_note(times) -> str:
             f"fwd+bwd {min(fwdbwd):.3f}-{max(fwdbwd):.3f} ms")
 
 
+def settle(work: dict, times: dict, rounds: int, timer) -> tuple[dict, list]:
+    """Each name's (forward ms, forward+backward ms, the rounds' note), and a row for each name
+    whose rounds failed: with one round the ``times`` already taken ({name: [[fwd ms], [fwd+bwd
+    ms]]}), else ``rounds`` rotated rounds of ``work`` (``interleaved``) and their medians."""
+    failed = {}
+    if rounds > 1:
+        times, failed = interleaved(work, rounds, timer)
+    done = {name: (*(statistics.median(t) for t in times[name]), rounds_note(times[name]) if rounds > 1 else "")
+            for name in work if name not in failed}
+    return done, [dict(impl=name, status=status) for name, status in failed.items()]
+
+
 def _spin_up(seconds: float = 0.5) -> None:
     """Keep the GPU busy with matrix products for ``seconds`` before the first case, so that the
     first case is not timed while the clocks are still rising from idle (the first case of a
@@ -256,16 +268,16 @@ def label_rows(rows, case, results, dtype) -> None:
             row["ratio_fwdbwd"] = ours[1] / results[row["impl"]][1]
 
 
-def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
+def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1, dev: str = "cuda"):
     """Rows of one case: ours and its peer, each checked against ours and timed (forward, then
     forward+backward), ours first. ``rounds`` > 1 times them after both are checked and warm, in
     that many rounds, the implementations' order rotated each round (ours first in the even
     rounds); a row holds the medians over the rounds. Under a power cap a card slows after a
     second of load, so with one round the side timed first runs on a cooler card
     (docs/performance.md, "msa-bench's order"). One round times each side as msa-bench always
-    did: its forward before its first forward+backward."""
+    did: its forward before its first forward+backward. ``dev``: where the tensors live (the
+    CPU only in tests, with the timer stood in)."""
     reps_ms = max(reps_ms, case.reps_ms)
-    dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(case.b, case.hq, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
     k = torch.randn(case.b, case.hkv, case.n, case.d, device=dev, dtype=dtype, generator=g).requires_grad_()
@@ -353,15 +365,10 @@ def run_case(case: Case, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1):
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
-    failed = {}
-    if rounds > 1:
-        times, failed = interleaved(work, rounds, lambda fn: _time(fn, reps_ms))
-    for name, row in fields.items():
-        if name in failed:
-            rows.append(dict(impl=name, status=failed[name]))
-            continue
-        fwd_ms, fwdbwd_ms = (statistics.median(t) for t in times[name])
-        order = rounds_note(times[name]) if rounds > 1 else ""
+    timed, failed = settle(work, times, rounds, lambda fn: _time(fn, reps_ms))
+    rows += failed
+    for name, (fwd_ms, fwdbwd_ms, order) in timed.items():
+        row = fields[name]
         results[name] = (fwd_ms, fwdbwd_ms)
         rows.append(dict(impl=name, fwd_ms=fwd_ms, fwdbwd_ms=fwdbwd_ms,
                          fwd_tflops=flops_fwd / fwd_ms / 1e9, fwdbwd_tflops=3.5 * flops_fwd / fwdbwd_ms / 1e9,

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import statistics
 import sys
 import time
 
 import torch
 
 from .api import attention
-from .bench import _peak, _rel, _time, bench_main, interleaved, kernel_families, label_rows, rounds_note
+from .bench import _peak, _rel, _time, bench_main, kernel_families, label_rows, settle
 from .pattern.spec import parse
 from .sparsity.inputs import CHECKED, PREPARED
 from .sparsity.reference import select_blocks_reference
@@ -276,16 +275,11 @@ def run_case(case: DynCase, reps_ms: int, dtype=torch.bfloat16, rounds: int = 1)
         except Exception as e:
             rows.append(dict(impl=name, status=f"failed: {type(e).__name__}: {e}"[:200]))
         torch.cuda.empty_cache()
-    failed = {}
-    if rounds > 1:
-        times, failed = interleaved(work, rounds, lambda fn: _time(fn, reps_ms))
     results = {}
-    for name, row in fields.items():
-        if name in failed:
-            rows.append(dict(impl=name, status=failed[name]))
-            continue
-        fwd_ms, fwdbwd_ms = (statistics.median(t) for t in times[name])
-        order = rounds_note(times[name]) if rounds > 1 else ""
+    timed, failed = settle(work, times, rounds, lambda fn: _time(fn, reps_ms))
+    rows += failed
+    for name, (fwd_ms, fwdbwd_ms, order) in timed.items():
+        row = fields[name]
         results[name] = (fwd_ms, fwdbwd_ms)
         if name == "msa_codegen":
             what = (f"{note}; input checks {cold_ms - fwd_ms:.3f} ms, paid once per tensor version"

@@ -405,3 +405,34 @@ def test_bench_dynamic_reports_a_peer_that_disagrees(monkeypatch):
         status = {r["impl"]: r["status"] for r in rows}
         assert status["msa_codegen"] == "ok" and status["bad"].startswith("failed: RuntimeError: output differs"), status
         assert "ratio_fwd" not in next(r for r in rows if r["impl"] == "bad")
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_msa_bench_run_case_on_the_cpu(monkeypatch, rounds):
+    """msa-bench's run_case end to end with the interpreter's kernels and SDPA on the CPU, the
+    timer stood in: the check against the peer, both timing sequences, medians and ratios."""
+    from msa_codegen import bench
+
+    log = []
+
+    def timer(fn, reps_ms):
+        log.append(fn)
+        return 2.0 + len(log)
+    monkeypatch.setattr(bench, "_time", timer)
+    monkeypatch.setattr(bench, "_peak", lambda fb: (fb(), 0.25)[1])
+    monkeypatch.setattr(bench, "kernel_families", lambda fb: "kernels: test")
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    case = bench.Case("t", "causal", hq=2, hkv=1, n=40, d=16, peer="sdpa")
+    rows = {r["impl"]: r for r in bench.run_case(case, 1, torch.float32, rounds=rounds, dev="cpu")}
+    assert {r["status"] for r in rows.values()} == {"ok"}, rows
+    assert rows["sdpa-flash"]["max_rel_err"] < 1e-4
+    assert len(log) == 4 * rounds
+    ours, peer = rows["msa_codegen"], rows["sdpa-flash"]
+    if rounds == 1:   # ours: forward, forward+backward; then the peer's
+        assert (ours["fwd_ms"], ours["fwdbwd_ms"], peer["fwd_ms"], peer["fwdbwd_ms"]) == (3.0, 4.0, 5.0, 6.0)
+    else:             # round 0 ours first (3, 4; 5, 6), round 1 the peer first (7, 8; 9, 10)
+        assert (ours["fwd_ms"], ours["fwdbwd_ms"], peer["fwd_ms"], peer["fwdbwd_ms"]) == (6.0, 7.0, 6.0, 7.0)
+        assert "2 rounds, the order rotated: fwd 3.000-9.000 ms" in ours["note"]
+    assert peer["ratio_fwd"] == pytest.approx(ours["fwd_ms"] / peer["fwd_ms"])
+    assert ours["note"].startswith("peak/io ") and "kernels: test" in ours["note"]
