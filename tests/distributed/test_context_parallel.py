@@ -138,10 +138,10 @@ def _run_group(world, run_dir, cases, backend, dtype):
 def _wait(procs, world, run_dir):
     # a rank that fails leaves the others waiting in a collective: stop them all at the first failure
     deadline = time.monotonic() + TIMEOUT_S
-    failed = []
     while any(p.poll() is None for p in procs):
         failed = [r for r, p in enumerate(procs) if p.poll()]
-        if failed or time.monotonic() > deadline:
+        hung = not failed and time.monotonic() > deadline
+        if failed or hung:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
@@ -149,8 +149,9 @@ def _wait(procs, world, run_dir):
                 p.wait()
             break
         time.sleep(0.2)
-    failed = failed or [r for r, p in enumerate(procs) if p.returncode]
-    if not failed and not any(p.returncode for p in procs):
+    else:   # every rank ended by itself
+        failed, hung = [r for r, p in enumerate(procs) if p.returncode], False
+    if not failed and not hung:
         return None
     logs = [(run_dir / f"rank{r}.log").read_text() for r in range(world)]
     what = f"rank {failed[0]} exited with {procs[failed[0]].returncode}" if failed else \
@@ -344,18 +345,22 @@ rank, run_dir = int(sys.argv[1]), sys.argv[3]
 how = open(os.path.join(os.path.dirname(__file__), "how")).read().split()
 crashes = how[0] == "always" or (how[0] == "once" and not run_dir.endswith("again"))
 if rank == 1 and crashes:
+    if how[1] == "hang":
+        import time
+        time.sleep(60)
     os.abort() if how[1] == "abort" else sys.exit(3)
 open(os.path.join(run_dir, f"c.{rank}.pt"), "w").write(run_dir)
 """
 
 
-@pytest.mark.parametrize("how", ["once abort", "always abort", "once error", "never -"])
+@pytest.mark.parametrize("how", ["once abort", "always abort", "once error", "once hang", "never -"])
 def test_launch_reruns_a_group_once_after_a_crash(tmp_path, monkeypatch, how):
     """The group runs again, with a warning, when a rank dies by a signal; not after a Python
-    error, and never twice."""
+    error or a hang (whose ranks it kills), and never twice."""
     worker = tmp_path / "worker.py"
     worker.write_text(FAKE_WORKER)
     monkeypatch.setattr(sys.modules[__name__], "WORKER", worker)
+    monkeypatch.setattr(sys.modules[__name__], "TIMEOUT_S", 3)
     (tmp_path / "how").write_text(how)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -364,7 +369,8 @@ def test_launch_reruns_a_group_once_after_a_crash(tmp_path, monkeypatch, how):
             assert [Path(run_dir, f"c.{r}.pt").read_text() for r in range(2)] == [str(run_dir)] * 2
             assert run_dir.name == ("again" if how == "once abort" else "run")
         else:
-            with pytest.raises(pytest.fail.Exception, match=r"rank 1 exited with (-6|3)"):
+            want = "no finish within 3s" if how == "once hang" else r"rank 1 exited with (-6|3)"
+            with pytest.raises(pytest.fail.Exception, match=want):
                 _launch(2, tmp_path / "run", [])
     reran = [w for w in seen if "the group ran again" in str(w.message)]
     assert len(reran) == (1 if how.endswith("abort") else 0)
