@@ -331,6 +331,16 @@ def test_msa_bench_offers_rounds(monkeypatch, capsys):
     assert "--rounds wants 1 or more" in capsys.readouterr().err
 
 
+def _stand_ins(monkeypatch, module, timer):
+    """A benchmark module's GPU-only pieces stood in on the CPU: ``timer(fn, reps_ms)`` for its
+    timer, a peak-memory call that runs the forward+backward, a fixed kernel-family note."""
+    monkeypatch.setattr(module, "_time", timer)
+    monkeypatch.setattr(module, "_peak", lambda fb: (fb(), 0.5)[1])
+    monkeypatch.setattr(module, "kernel_families", lambda fb: "kernels: test")
+    monkeypatch.setattr(module.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(module.torch.cuda, "empty_cache", lambda: None)
+
+
 @pytest.mark.parametrize("rounds", [1, 3])
 def test_bench_dynamic_times_ours_and_each_peer(monkeypatch, rounds):
     """bench_dynamic.run_case end to end on the CPU with a stand-in timer: each implementation's
@@ -361,11 +371,7 @@ def test_bench_dynamic_times_ours_and_each_peer(monkeypatch, rounds):
         kind = "fb" if fn.__name__ == "fb" else "fwd"
         log.append((name, kind))
         return base[name] * (3 if kind == "fb" else 1) + 0.1 * sum(1 for x in log if x == (name, kind))
-    monkeypatch.setattr(bd, "_time", timer)
-    monkeypatch.setattr(bd, "_peak", lambda fb: (fb(), 0.5)[1])
-    monkeypatch.setattr(bd, "kernel_families", lambda fb: "kernels: test")
-    monkeypatch.setattr(bd.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bd.torch.cuda, "empty_cache", lambda: None)
+    _stand_ins(monkeypatch, bd, timer)
     case = bd.DynCase("t", "docs", "window=8", 24, hq=2, hkv=2, d=8)
     rows = {r["impl"]: r for r in bd.run_case(case, 1, torch.float32, rounds=rounds)}
     assert {r["status"] for r in rows.values()} == {"ok"}, rows
@@ -395,11 +401,7 @@ def test_bench_dynamic_reports_a_peer_that_disagrees(monkeypatch):
     q = torch.randn(1, 2, 16, 8, requires_grad=True)
     monkeypatch.setattr(bd, "build", lambda case, device, dtype: (lambda: q * 2, {"bad": (lambda: q * 3, True)},
                                                                   (q,), "n"))
-    monkeypatch.setattr(bd, "_time", lambda fn, reps_ms: 1.0)
-    monkeypatch.setattr(bd, "_peak", lambda fb: 0.0)
-    monkeypatch.setattr(bd, "kernel_families", lambda fb: "k")
-    monkeypatch.setattr(bd.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bd.torch.cuda, "empty_cache", lambda: None)
+    _stand_ins(monkeypatch, bd, lambda fn, reps_ms: 1.0)
     for rounds in (1, 2):
         rows = bd.run_case(bd.DynCase("t", "docs", "causal", 16, hq=2, hkv=2, d=8), 1, torch.float32, rounds=rounds)
         status = {r["impl"]: r["status"] for r in rows}
@@ -418,11 +420,7 @@ def test_msa_bench_run_case_on_the_cpu(monkeypatch, rounds):
     def timer(fn, reps_ms):
         log.append(fn)
         return 2.0 + len(log)
-    monkeypatch.setattr(bench, "_time", timer)
-    monkeypatch.setattr(bench, "_peak", lambda fb: (fb(), 0.25)[1])
-    monkeypatch.setattr(bench, "kernel_families", lambda fb: "kernels: test")
-    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    _stand_ins(monkeypatch, bench, timer)
     case = bench.Case("t", "causal", hq=2, hkv=1, n=40, d=16, peer="sdpa")
     rows = {r["impl"]: r for r in bench.run_case(case, 1, torch.float32, rounds=rounds, dev="cpu")}
     assert {r["status"] for r in rows.values()} == {"ok"}, rows
